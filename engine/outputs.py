@@ -1,0 +1,38 @@
+"""What the engine hands to its callers: the request to run and its streamed outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    """One generation as submitted to the engine (already tokenized)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    tenant_id: str = "default"  # opaque to the engine: selects the cache namespace
+    tenant_weight: float = 1.0  # fair-share weight
+    allow_public_prefix: bool = True
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """An increment of a request's output; the last one has ``finished`` set.
+
+    ``text`` is the new text since the previous output (stop strings already cut), and
+    ``token_ids`` the new token ids. Counts are cumulative.
+    """
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    num_output_tokens: int = 0
+    error: str | None = None
