@@ -1,0 +1,53 @@
+"""Guards on the repository's shape: import directions of DESIGN.md §1 and a Python-free platform/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGES = ("radix_cache", "engine", "tenants", "web", "migrations", "bench")
+# Which of our packages each package may import (DESIGN.md §1). Never back up.
+ALLOWED: dict[str, set[str]] = {
+    "radix_cache": set(),
+    "tenants": set(),
+    "engine": {"radix_cache"},
+    "migrations": {"tenants"},
+    "web": {"engine", "radix_cache", "tenants", "migrations"},
+    "bench": {"engine", "radix_cache", "tenants", "web", "migrations"},
+}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found & set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_follow_the_allowed_directions(package: str) -> None:
+    violations = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for imported in _imported_packages(path) - ALLOWED[package] - {package}:
+            violations.append(f"{path.relative_to(ROOT)} imports {imported}")
+    assert violations == []
+
+
+def test_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import web.cli\nfrom engine.errors import EngineError\nimport os\n")
+    assert _imported_packages(bad) == {"web", "engine"}
+
+
+def test_platform_holds_no_python() -> None:
+    # A package named `platform` would shadow the standard library module of that name.
+    python_files = [p for p in (ROOT / "platform").rglob("*") if p.suffix in {".py", ".pyc"}]
+    assert python_files == []
+    assert not (ROOT / "platform" / "__init__.py").exists()
