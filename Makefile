@@ -35,5 +35,8 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.engine_throughput
 
+gpu-check:
+	bash bench/gpu_check.sh
+
 clean:
 	rm -rf $(VENV) build *.egg-info

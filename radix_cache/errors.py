@@ -15,3 +15,11 @@ class PageOwnershipError(CacheError):
 
 class IsolationError(PageOwnershipError):
     """A block table holds a page of another tenant's namespace: never allowed."""
+
+
+class StaleNodeError(CacheError):
+    """A node handle was used after its pages were evicted (lock promptly after ``match``)."""
+
+
+class IntegrityError(CacheError):
+    """An internal invariant of the cache is broken: a bug, found by ``check_integrity``."""

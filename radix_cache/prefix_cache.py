@@ -53,7 +53,9 @@ class PrefixCache(ABC):
         """Pages that ``allocate`` can provide now: free ones plus evictable cached ones."""
 
     @abstractmethod
-    def match(self, namespace: str, tokens: Sequence[int], allow_public: bool = True) -> MatchResult:
+    def match(
+        self, namespace: str, tokens: Sequence[int], allow_public: bool = True
+    ) -> MatchResult:
         """Longest cached full-page prefix of ``tokens`` in ``namespace`` (else ``public``).
 
         Never looks at another tenant's namespace. Does not lock; may split nodes and refresh
@@ -104,7 +106,7 @@ class PrefixCache(ABC):
         pool_owner = self.pool.owner
         for page in page_ids:
             tag = pool_owner(page)
-            if tag != owner and tag != namespace and tag != PUBLIC_NAMESPACE:
+            if tag not in (owner, namespace, PUBLIC_NAMESPACE):
                 raise IsolationError(
                     f"page {page} belongs to {tag or 'nobody'!r}, not to request {owner!r}"
                     f" of {namespace!r}"
@@ -121,7 +123,9 @@ class NoPrefixCache(PrefixCache):
     def num_available_pages(self) -> int:
         return self.pool.num_free_pages
 
-    def match(self, namespace: str, tokens: Sequence[int], allow_public: bool = True) -> MatchResult:
+    def match(
+        self, namespace: str, tokens: Sequence[int], allow_public: bool = True
+    ) -> MatchResult:
         return MatchResult([], 0, None, namespace)
 
     def lock(self, node: object | None) -> None:

@@ -1,0 +1,216 @@
+"""The asyncio front of the engine: the step loop on its own thread, outputs on asyncio queues.
+
+Requests and aborts cross to the engine thread through a thread-safe queue; outputs come back
+with ``loop.call_soon_threadsafe``. The loop blocks on the queue when idle (no busy-waiting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from engine.errors import EngineDeadError
+from engine.llm_engine import LLMEngine
+from engine.outputs import GenerateRequest, RequestOutput
+from engine.stats import EngineSnapshot
+
+log = structlog.get_logger(__name__)
+
+Sink = Callable[[RequestOutput | BaseException], None]
+SNAPSHOT_INTERVAL_S = 0.1
+
+
+@dataclass(slots=True)
+class _Add:
+    request: GenerateRequest
+    sink: Sink
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    __slots__ = ()
+
+
+class AsyncEngine:
+    """Owns an ``LLMEngine`` and the one thread that drives it."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self._engine = engine
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}  # engine thread only
+        self._lock = threading.Lock()  # orders "is it dead?" against queueing a request
+        self._dead: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._snapshot = engine.snapshot()
+        self._snapshot_at = 0.0
+
+    # -- event loop side ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the engine loop is already started")
+        self._thread = threading.Thread(target=self._run, name="atrium-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Abort what is left, stop the loop and wait for the thread to end."""
+        thread = self._thread
+        if thread is None:
+            return
+        with self._lock:
+            self._stopping = True
+            self._commands.put(_Stop())
+        await asyncio.to_thread(thread.join)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._sinks)
+
+    def stats(self) -> EngineSnapshot:
+        """The latest snapshot taken by the engine thread (immutable, safe to read anywhere)."""
+        return self._snapshot
+
+    def abort(self, request_id: str) -> None:
+        """Ask the loop to stop a request; its pages are freed at the next step."""
+        self._commands.put(_Abort(request_id))
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs; raises its InvalidRequestError, or EngineDeadError.
+
+        Stopping the iteration early (or cancelling the consumer) aborts the request.
+        """
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            # RuntimeError: the consumer's loop is closed, nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+        with self._lock:
+            if self._dead is not None:
+                raise EngineDeadError(f"the engine loop stopped: {self._dead!r}")
+            if self._thread is None or self._stopping:
+                raise EngineDeadError("the engine loop is not running")
+            self._commands.put(_Add(request, sink))
+        done = False
+        try:
+            while True:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(request.request_id)
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self._engine
+        try:
+            while True:
+                idle = not engine.has_unfinished
+                if idle:
+                    self._take_snapshot(force=True)
+                if not self._handle(self._commands.get(block=idle) if idle else None):
+                    break
+                if not self._drain():
+                    break
+                self._deliver(engine.step())
+                self._take_snapshot(force=False)
+        except BaseException as exc:
+            log.exception("engine_loop_died")
+            self._die(exc)
+            return
+        self._shutdown_requests()
+
+    def _drain(self) -> bool:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if not self._handle(command):
+                return False
+
+    def _handle(self, command: _Add | _Abort | _Stop | None) -> bool:
+        """Apply one command; False means stop the loop."""
+        if command is None:
+            return True
+        if isinstance(command, _Stop):
+            return False
+        if isinstance(command, _Abort):
+            self._engine.abort(command.request_id)
+            return True
+        request_id = command.request.request_id
+        if request_id in self._sinks:
+            command.sink(ValueError(f"request id {request_id!r} is already running"))
+            return True
+        try:
+            self._engine.add_request(command.request)
+        except Exception as exc:  # the request's own error: it goes back to that request only
+            command.sink(exc)
+            return True
+        self._sinks[request_id] = command.sink
+        return True
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            sink = self._sinks.pop(output.request_id, None) if output.finished else None
+            sink = sink or self._sinks.get(output.request_id)
+            if sink is not None:
+                sink(output)
+
+    def _take_snapshot(self, force: bool) -> None:
+        now = time.monotonic()
+        if force or now - self._snapshot_at >= SNAPSHOT_INTERVAL_S:
+            self._snapshot = self._engine.snapshot()
+            self._snapshot_at = now
+
+    def _shutdown_requests(self) -> None:
+        for request_id in list(self._sinks):
+            self._engine.abort(request_id)
+        self._deliver(self._engine.step())
+        self._take_snapshot(force=True)
+        with self._lock:
+            self._dead = EngineDeadError("the engine was shut down")
+        self._fail_queued(self._dead)
+        log.info("engine_stopped")
+
+    def _die(self, exc: BaseException) -> None:
+        with self._lock:
+            self._dead = exc
+        for request_id, sink in list(self._sinks.items()):
+            sink(RequestOutput(request_id, finished=True, finish_reason="error", error=repr(exc)))
+        self._sinks.clear()
+        self._fail_queued(exc)
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add):
+                command.sink(EngineDeadError(f"the engine loop stopped: {exc!r}"))

@@ -1,0 +1,293 @@
+"""Paged attention on CUDA with FlashInfer, over the shared page table of ``metadata.py``.
+
+``build_plan_args`` turns a step's metadata into the kernels' plan arguments (pure, CPU-testable);
+``FlashInferAttentionBackend`` plans once per step and runs once per layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from itertools import pairwise
+from types import ModuleType
+from typing import Any, Literal, Protocol
+
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+
+WORKSPACE_BYTES = 128 * 1024 * 1024
+WrapperKind = Literal["prefill", "decode"]
+
+
+class PagedWrapper(Protocol):
+    """What the backend needs of a FlashInfer batch wrapper (or of a test double)."""
+
+    def plan(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor) -> torch.Tensor: ...
+
+
+class WrapperFactory(Protocol):
+    def __call__(
+        self, kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool
+    ) -> PagedWrapper: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlanArgs:
+    """One step's arguments for ``plan``; host tensors are fresh per step (see the backend)."""
+
+    qo_indptr: torch.Tensor  # [num_seqs + 1] int32, host
+    kv_indptr: torch.Tensor  # [num_seqs + 1] int32, host
+    kv_indices: torch.Tensor  # [total_pages] int32, on the kernel device
+    kv_last_page_len: torch.Tensor  # [num_seqs] int32, host, each in 1..page_size
+    num_tokens: int
+    page_size: int
+    is_decode_only: bool
+    max_page_id: int  # bounds of the step's page ids and slots, checked against each layer's pool
+    max_slot: int
+
+
+def _host_int32(values: list[int], pin_memory: bool) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, pin_memory=pin_memory)
+
+
+def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, length: int) -> None:
+    if t.dtype != dtype or t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(
+            f"{name} must be 1-D {dtype} of length {length}, got {t.dtype} {tuple(t.shape)}"
+        )
+
+
+def _check_host_table(
+    meta: AttentionMetadata, qo: list[int], kv: list[int], last: list[int]
+) -> None:
+    """Checks the metadata's own tensors when they live on the host (no device sync needed)."""
+    for name, t, expected in (
+        ("qo_indptr", meta.qo_indptr, qo),
+        ("kv_indptr", meta.kv_indptr, kv),
+    ):
+        values = t.tolist()
+        if values[0] != 0 or any(b < a for a, b in pairwise(values)):
+            raise ValueError(f"{name} must start at 0 and be non-decreasing, got {values}")
+        if values != expected:
+            raise ValueError(f"{name} {values} disagrees with the host lengths ({expected})")
+    lens = meta.kv_last_page_len.tolist()
+    if any(not 1 <= n <= meta.page_size for n in lens):
+        raise ValueError(f"kv_last_page_len must lie in 1..{meta.page_size}, got {lens}")
+    if lens != last:
+        raise ValueError(f"kv_last_page_len {lens} disagrees with kv_lens ({last})")
+
+
+def build_plan_args(
+    meta: AttentionMetadata,
+    *,
+    device: torch.device,
+    num_pages: int | None = None,
+    pin_memory: bool = False,
+) -> PlanArgs:
+    """Derive and check the plan arguments; raises ``ValueError`` naming the broken invariant.
+
+    The indptrs and last-page lengths are rebuilt from the host lists ``qo_lens``/``kv_lens`` so
+    planning never waits on the GPU; page ids and slots are bounds-checked (one sync on CUDA)
+    because an id outside the pool would make the kernel read or write out of bounds.
+    """
+    page_size = meta.page_size
+    if page_size < 1:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    if meta.num_seqs == 0:
+        raise ValueError("a step must hold at least one sequence")
+    if len(meta.kv_lens) != meta.num_seqs:
+        raise ValueError(f"{meta.num_seqs} qo_lens but {len(meta.kv_lens)} kv_lens")
+    qo_indptr, kv_indptr, last_page_len = [0], [0], []
+    for i, (qo_len, kv_len) in enumerate(zip(meta.qo_lens, meta.kv_lens, strict=True)):
+        if qo_len < 1:
+            raise ValueError(f"sequence {i} runs {qo_len} tokens; at least one is needed")
+        if kv_len < qo_len:
+            raise ValueError(f"sequence {i} has kv_len {kv_len} < qo_len {qo_len}")
+        num_seq_pages = (kv_len + page_size - 1) // page_size
+        qo_indptr.append(qo_indptr[-1] + qo_len)
+        kv_indptr.append(kv_indptr[-1] + num_seq_pages)
+        last_page_len.append(kv_len - (num_seq_pages - 1) * page_size)
+    num_seqs, num_tokens = meta.num_seqs, qo_indptr[-1]
+    _check_tensor("qo_indptr", meta.qo_indptr, torch.int32, num_seqs + 1)
+    _check_tensor("kv_indptr", meta.kv_indptr, torch.int32, num_seqs + 1)
+    _check_tensor("kv_last_page_len", meta.kv_last_page_len, torch.int32, num_seqs)
+    _check_tensor("kv_indices", meta.kv_indices, torch.int32, kv_indptr[-1])
+    _check_tensor("slot_mapping", meta.slot_mapping, torch.int64, num_tokens)
+    if meta.qo_indptr.device.type == "cpu":
+        _check_host_table(meta, qo_indptr, kv_indptr, last_page_len)
+    pages, slots = meta.kv_indices, meta.slot_mapping.to(meta.kv_indices.device)
+    bounds = torch.stack([pages.min().long(), pages.max().long(), slots.min(), slots.max()])
+    lo_page, hi_page, lo_slot, hi_slot = bounds.tolist()  # one sync when on CUDA
+    pool = num_pages if num_pages is not None else hi_page + 1
+    if lo_page < 0 or hi_page >= pool:
+        raise ValueError(f"kv_indices span {lo_page}..{hi_page}, outside the pool 0..{pool - 1}")
+    if lo_slot < 0 or hi_slot >= pool * page_size:
+        raise ValueError(f"slot_mapping spans {lo_slot}..{hi_slot}, outside the pool's slots")
+    return PlanArgs(
+        qo_indptr=_host_int32(qo_indptr, pin_memory),
+        kv_indptr=_host_int32(kv_indptr, pin_memory),
+        kv_indices=meta.kv_indices.to(device),
+        kv_last_page_len=_host_int32(last_page_len, pin_memory),
+        num_tokens=num_tokens,
+        page_size=page_size,
+        is_decode_only=meta.is_decode_only,
+        max_page_id=hi_page,
+        max_slot=hi_slot,
+    )
+
+
+def load_flashinfer() -> ModuleType:
+    """Import FlashInfer on first use; only the CUDA backend needs it."""
+    from engine.attention.registry import BackendUnavailableError
+
+    try:
+        return importlib.import_module("flashinfer")
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "the CUDA attention backend needs FlashInfer, which is not installed: "
+            "pip install 'atrium[gpu]' (flashinfer-python==0.7.2.post1)"
+        ) from exc
+
+
+def flashinfer_wrapper(
+    kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool
+) -> PagedWrapper:
+    fi = load_flashinfer()
+    if kind == "prefill":
+        wrapper: PagedWrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+    else:
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, kv_layout="NHD", use_tensor_cores=use_tensor_cores
+        )
+    return wrapper
+
+
+@dataclass(slots=True)
+class _Step:
+    args: PlanArgs  # keeps this step's host tensors alive until the next plan
+    wrapper: PagedWrapper
+    k_rows: torch.Tensor  # [num_tokens] int64, device: each new token's K row in the flat pool
+    v_rows: torch.Tensor  # [num_tokens] int64, device: k_rows + page_size
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    """One prefill wrapper serves mixed steps (a decode is a query of length 1); a decode wrapper
+    serves steps without prefill. Both share one workspace, allocated once.
+
+    K/V are written by a slot scatter (two ``index_copy_`` into the pool viewed as rows) rather
+    than ``append_paged_kv_cache``: ``slot_mapping`` already names each token's slot, the scatter
+    needs no extra per-step tensors, and it is plain torch, so CPU tests cover the real write path.
+
+    Host buffers: FlashInfer's ``plan`` copies the indptrs to the GPU with ``non_blocking=True``.
+    They are allocated fresh (pinned) every step and held until the next ``plan``, never refilled
+    in place, so an in-flight copy cannot read the next step's values; torch's pinned allocator
+    only recycles a block after the copies recorded on it have finished.
+    """
+
+    name = "flashinfer"
+
+    def __init__(  # noqa: PLR0917 - positional like the model config it is built from
+        self,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        *,
+        num_pages: int | None = None,
+        workspace_bytes: int = WORKSPACE_BYTES,
+        use_decode_kernel: bool = True,
+        wrapper_factory: WrapperFactory = flashinfer_wrapper,
+    ) -> None:
+        if num_kv_heads < 1 or num_q_heads % num_kv_heads != 0:
+            raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of {num_kv_heads}")
+        self.num_q_heads = num_q_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_pages = num_pages
+        self._pin_memory = self.device.type == "cuda"
+        self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
+        tensor_cores = num_q_heads // num_kv_heads >= 4  # grouped decode is MMA-friendly
+        self._prefill = wrapper_factory("prefill", self._workspace, tensor_cores)
+        self._decode = (
+            wrapper_factory("decode", self._workspace, tensor_cores) if use_decode_kernel else None
+        )
+        self._step: _Step | None = None
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        if meta.page_size != self.page_size:
+            raise ValueError(f"metadata page_size {meta.page_size} != backend {self.page_size}")
+        args = build_plan_args(
+            meta, device=self.device, num_pages=self.num_pages, pin_memory=self._pin_memory
+        )
+        heads = (self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size)
+        wrapper: PagedWrapper
+        if args.is_decode_only and self._decode is not None:
+            wrapper = self._decode
+            wrapper.plan(
+                args.kv_indptr, args.kv_indices, args.kv_last_page_len, *heads,
+                q_data_type=self.dtype, kv_data_type=self.dtype,
+            )  # fmt: skip
+        else:
+            wrapper = self._prefill
+            wrapper.plan(
+                args.qo_indptr, args.kv_indptr, args.kv_indices, args.kv_last_page_len,
+                num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim_qk=heads[2],
+                page_size=heads[3], causal=True, q_data_type=self.dtype, kv_data_type=self.dtype,
+            )  # fmt: skip
+        slots = meta.slot_mapping.to(self.device)
+        # Flat row of slot s's K in kv_cache.view(-1, Hkv, D): page p owns rows [2pP, 2pP + 2P).
+        k_rows = (slots // self.page_size) * (2 * self.page_size) + slots % self.page_size
+        self._step = _Step(args, wrapper, k_rows, k_rows + self.page_size)
+
+    def forward(
+        self,
+        layer_id: int,
+        q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
+    ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
+        step = self._step
+        if step is None:
+            raise RuntimeError("plan(meta) must be called before forward")
+        self._check_inputs(step.args, q, k, v, kv_cache)
+        rows = kv_cache.view(-1, self.num_kv_heads, self.head_dim)  # [num_pages * 2 * P, Hkv, D]
+        rows.index_copy_(0, step.k_rows, k)
+        rows.index_copy_(0, step.v_rows, v)
+        return step.wrapper.run(q.contiguous(), kv_cache)
+
+    def _check_inputs(
+        self,
+        args: PlanArgs,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+    ) -> None:
+        n, hq, hkv, d, p = (
+            args.num_tokens, self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+        )  # fmt: skip
+        if q.shape != (n, hq, d) or k.shape != (n, hkv, d) or v.shape != (n, hkv, d):
+            raise ValueError(
+                f"expected q [{n}, {hq}, {d}] and k, v [{n}, {hkv}, {d}]; got "
+                f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            )
+        if kv_cache.dim() != 5 or kv_cache.shape[1:] != (2, p, hkv, d):
+            raise ValueError(
+                f"kv_cache must be [num_pages, 2, {p}, {hkv}, {d}], got {kv_cache.shape}"
+            )
+        if not kv_cache.is_contiguous():
+            raise ValueError("kv_cache must be contiguous")
+        if {q.dtype, k.dtype, v.dtype, kv_cache.dtype} != {self.dtype}:
+            raise ValueError(f"q, k, v and kv_cache must all be {self.dtype}")
+        if args.max_page_id >= kv_cache.shape[0] or args.max_slot >= kv_cache.shape[0] * p:
+            raise ValueError(f"page {args.max_page_id} is outside this layer's {kv_cache.shape[0]}")

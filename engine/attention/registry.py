@@ -1,0 +1,112 @@
+"""Backend selection: torch on CPU, FlashInfer on CUDA, each imported only when it is built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Protocol
+
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.errors import EngineError
+
+FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class BackendUnavailableError(EngineError):
+    """The chosen attention backend cannot run here (missing package or wrong device)."""
+
+    code = "backend_unavailable"
+
+
+class AttentionShape(Protocol):
+    """The model facts a backend needs; ``ModelConfig`` satisfies it."""
+
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: torch.dtype
+    device: torch.device
+    num_pages: int | None
+
+
+def _build_torch(spec: BackendSpec) -> AttentionBackend:
+    from engine.attention.torch_backend import TorchAttentionBackend
+
+    return TorchAttentionBackend()
+
+
+def _build_flashinfer(spec: BackendSpec) -> AttentionBackend:
+    if spec.device.type != "cuda":
+        raise BackendUnavailableError(f"FlashInfer needs a CUDA device, not {spec.device}")
+    if spec.dtype not in FLASHINFER_DTYPES:
+        raise BackendUnavailableError(
+            f"FlashInfer runs in bfloat16 or float16, not {spec.dtype}; pick --dtype bfloat16"
+        )
+    from engine.attention.flashinfer_backend import FlashInferAttentionBackend, load_flashinfer
+
+    load_flashinfer()  # fail here, with the install hint, rather than on the first step
+    return FlashInferAttentionBackend(
+        spec.num_q_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.page_size,
+        spec.dtype,
+        spec.device,
+        num_pages=spec.num_pages,
+    )
+
+
+BACKENDS: Final[Mapping[str, Callable[[BackendSpec], AttentionBackend]]] = MappingProxyType(
+    {"torch": _build_torch, "flashinfer": _build_flashinfer}
+)
+DEFAULT_BACKEND: Final[Mapping[str, str]] = MappingProxyType({"cpu": "torch", "cuda": "flashinfer"})
+
+
+def backend_name_for(device: torch.device) -> str:
+    """The backend a device gets when none is named."""
+    name = DEFAULT_BACKEND.get(device.type)
+    if name is None:
+        raise BackendUnavailableError(f"no attention backend for device type {device.type!r}")
+    return name
+
+
+def create_backend(
+    device: torch.device,
+    model: AttentionShape,
+    *,
+    page_size: int,
+    dtype: torch.dtype,
+    num_pages: int | None = None,
+    name: str | None = None,
+) -> AttentionBackend:
+    """Build the attention backend for ``device`` (or the one ``name``d, e.g. torch on CUDA)."""
+    chosen = name or backend_name_for(device)
+    factory = BACKENDS.get(chosen)
+    if factory is None:
+        raise ValueError(f"unknown attention backend {chosen!r}; choose one of {sorted(BACKENDS)}")
+    spec = BackendSpec(
+        num_q_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        page_size=page_size,
+        dtype=dtype,
+        device=device,
+        num_pages=num_pages,
+    )
+    return factory(spec)

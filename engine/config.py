@@ -1,0 +1,74 @@
+"""Engine configuration: page size, the fixed KV budget, step token budget and limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CPU_MAX_NUM_BATCHED_TOKENS = 512
+GPU_MAX_NUM_BATCHED_TOKENS = 8192
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How the engine sizes its KV cache and its steps; fixed for the engine's life.
+
+    The KV budget is ``num_pages`` when given, else as many pages as ``kv_cache_bytes`` holds.
+    ``max_num_batched_tokens`` None means 512 on CPU and 8192 on CUDA; ``max_model_len`` None
+    means the model's own context length.
+    """
+
+    page_size: int = 16
+    num_pages: int | None = None
+    kv_cache_bytes: int = 256 * 2**20
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    enable_prefix_cache: bool = True
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.page_size <= 0:
+            raise ValueError("page_size must be positive")
+        if self.num_pages is not None and self.num_pages <= 0:
+            raise ValueError("num_pages must be positive")
+        if self.kv_cache_bytes <= 0:
+            raise ValueError("kv_cache_bytes must be positive")
+        if self.max_num_seqs <= 0:
+            raise ValueError("max_num_seqs must be positive")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_batched_tokens must be positive")
+        # Every running request gets its next token each step, so all decodes must fit one step.
+        if self.token_budget < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
+        if self.max_model_len is not None and self.max_model_len <= 1:
+            raise ValueError("max_model_len must exceed 1")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens one step may run (prefill chunks plus decodes)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if self.device.startswith("cuda"):
+            return GPU_MAX_NUM_BATCHED_TOKENS
+        return CPU_MAX_NUM_BATCHED_TOKENS
+
+    def resolve_num_pages(self, bytes_per_page: int) -> int:
+        """The KV budget in pages, given what one page costs over all layers."""
+        if self.num_pages is not None:
+            return self.num_pages
+        if bytes_per_page <= 0:
+            raise ValueError("bytes_per_page must be positive")
+        num_pages = self.kv_cache_bytes // bytes_per_page
+        if num_pages <= 0:
+            raise ValueError("kv_cache_bytes cannot hold a single page")
+        return num_pages
+
+    def resolve_max_model_len(self, max_position_embeddings: int) -> int:
+        """The longest prompt plus output a request may have."""
+        if self.max_model_len is None:
+            return max_position_embeddings
+        return min(self.max_model_len, max_position_embeddings)

@@ -1,0 +1,59 @@
+"""Device and dtype resolution: turns ``--device auto|cpu|cuda[:N]`` into a ``torch.device``."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.errors import EngineError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class DeviceUnavailableError(EngineError):
+    """The requested device does not exist on this machine."""
+
+    code = "device_unavailable"
+
+
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """``auto`` is CUDA when a GPU is visible, else CPU; an explicit ``cuda`` must exist.
+
+    CUDA devices come back with an index (``cuda:0``) so they compare equal to a tensor's device.
+    """
+    text = str(spec).strip().lower()
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {spec!r}; choose one of {DEVICE_CHOICES}") from exc
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise ValueError(f"unsupported device {spec!r}; choose one of {DEVICE_CHOICES}")
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(
+            f"device {spec!r} was requested but CUDA is not available "
+            "(no NVIDIA GPU visible, or this torch build has no CUDA); use --device cpu or auto"
+        )
+    index = torch.cuda.current_device() if device.index is None else device.index
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise DeviceUnavailableError(f"device cuda:{index} does not exist ({count} visible)")
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(spec: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``auto`` is bfloat16 on CUDA (FlashInfer's fast path) and float32 on CPU."""
+    if isinstance(spec, torch.dtype):
+        dtype = spec
+    elif spec == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    elif spec in _DTYPES:
+        dtype = _DTYPES[spec]
+    else:
+        raise ValueError(f"unknown dtype {spec!r}; choose auto or one of {sorted(_DTYPES)}")
+    if dtype not in _DTYPES.values():
+        raise ValueError(f"unsupported dtype {dtype}; choose one of {sorted(_DTYPES)}")
+    return dtype

@@ -1,0 +1,176 @@
+"""Weighted virtual token counters (VTC): admit from the backlogged tenant served least so far.
+
+Each tenant's counter grows by ``(w_in·uncached + w_cached·cached + w_out·output) / weight`` as its
+work runs. The next admission comes from the backlogged tenant with the smallest counter; a tenant
+returning from idle is lifted to the smallest backlogged counter, so idleness is not banked. Inside
+a tenant, the request with the longest cached prefix goes first (measured once, on arrival).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.policy import AdmissionPolicy
+from engine.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareCosts:
+    input_token: float = 1.0  # uncached prompt token
+    cached_token: float = 0.1  # prompt token served from the prefix cache
+    output_token: float = 2.0
+
+
+@dataclass(slots=True)
+class _Tenant:
+    counter: float = 0.0
+    weight: float = 1.0
+    # (priority, sequence, request): priority is -cached prefix length; preempted ones go first.
+    heap: list[tuple[float, int, Request]] = field(default_factory=list)
+    num_waiting: int = 0
+
+
+class FairSharePolicy(AdmissionPolicy):
+    """Weighted VTC across tenants, longest cached prefix first within a tenant.
+
+    ``prefix_len`` (optional) returns the cached-prefix length of a request's prompt in its own
+    namespace; it is called once per request on arrival, so admission costs O(log n) per request
+    and O(tenants) per pick, whatever the queue length.
+    """
+
+    def __init__(
+        self,
+        costs: FairShareCosts | None = None,
+        prefix_len: Callable[[Request], int] | None = None,
+    ) -> None:
+        self.costs = costs or FairShareCosts()
+        self._prefix_len = prefix_len
+        self._tenants: dict[str, _Tenant] = {}
+        self._backlogged: set[str] = set()
+        self._removed: set[int] = set()  # id() of requests removed while still in a heap
+        self._seq = itertools.count()
+        self._num_waiting = 0
+
+    # -- counters -----------------------------------------------------------------------------
+
+    def counter(self, tenant_id: str) -> float:
+        tenant = self._tenants.get(tenant_id)
+        return tenant.counter if tenant else 0.0
+
+    def charge(self, request: Request, num_uncached: int, num_cached: int, num_output: int) -> None:
+        tenant = self._tenant(request)
+        cost = (
+            self.costs.input_token * num_uncached
+            + self.costs.cached_token * num_cached
+            + self.costs.output_token * num_output
+        )
+        tenant.counter += cost / tenant.weight
+
+    def _tenant(self, request: Request) -> _Tenant:
+        tenant = self._tenants.get(request.tenant_id)
+        if tenant is None:
+            tenant = self._tenants[request.tenant_id] = _Tenant()
+        if request.tenant_weight > 0:
+            tenant.weight = request.tenant_weight
+        return tenant
+
+    def _min_backlogged(self) -> float | None:
+        if not self._backlogged:
+            return None
+        return min(self._tenants[t].counter for t in self._backlogged)
+
+    # -- queue --------------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        cached = self._prefix_len(request) if self._prefix_len else 0
+        self._push(request, -float(cached))
+
+    def requeue_front(self, request: Request) -> None:
+        # Preempted work resumes before anything new of its tenant.
+        self._push(request, float("-inf"))
+
+    def _push(self, request: Request, priority: float) -> None:
+        tenant = self._tenant(request)
+        if request.tenant_id not in self._backlogged:
+            floor = self._min_backlogged()
+            if floor is not None and tenant.counter < floor:
+                tenant.counter = floor  # no credit for time spent idle
+            self._backlogged.add(request.tenant_id)
+        if id(request) in self._removed:
+            # A stale entry of this very request is still in the heap: drop it for good.
+            tenant.heap = [entry for entry in tenant.heap if entry[2] is not request]
+            heapq.heapify(tenant.heap)
+            self._removed.discard(id(request))
+        heapq.heappush(tenant.heap, (priority, next(self._seq), request))
+        tenant.num_waiting += 1
+        self._num_waiting += 1
+
+    def _next_tenant(self) -> _Tenant | None:
+        best: _Tenant | None = None
+        best_key: tuple[float, int] | None = None
+        for tenant_id in self._backlogged:
+            tenant = self._tenants[tenant_id]
+            self._drop_removed(tenant)
+            key = (tenant.counter, tenant.heap[0][1])
+            if best_key is None or key < best_key:
+                best, best_key = tenant, key
+        return best
+
+    def _drop_removed(self, tenant: _Tenant) -> None:
+        while tenant.heap and id(tenant.heap[0][2]) in self._removed:
+            _, _, request = heapq.heappop(tenant.heap)
+            self._removed.discard(id(request))
+
+    def peek(self) -> Request | None:
+        tenant = self._next_tenant()
+        return tenant.heap[0][2] if tenant else None
+
+    def pop(self) -> Request:
+        tenant = self._next_tenant()
+        if tenant is None:
+            raise IndexError("no waiting request")
+        _, _, request = heapq.heappop(tenant.heap)
+        self._after_leave(request, tenant)
+        return request
+
+    def remove(self, request: Request) -> bool:
+        tenant = self._tenants.get(request.tenant_id)
+        if tenant is None or id(request) in self._removed:
+            return False
+        if not any(entry[2] is request for entry in tenant.heap):
+            return False
+        self._removed.add(id(request))
+        self._after_leave(request, tenant)
+        return True
+
+    def _after_leave(self, request: Request, tenant: _Tenant) -> None:
+        tenant.num_waiting -= 1
+        self._num_waiting -= 1
+        if tenant.num_waiting == 0:
+            self._backlogged.discard(request.tenant_id)
+            for _, _, stale in tenant.heap:
+                self._removed.discard(id(stale))
+            tenant.heap.clear()
+
+    def __len__(self) -> int:
+        return self._num_waiting
+
+    def waiting(self) -> list[Request]:
+        out: list[tuple[int, Request]] = []
+        for tenant_id in self._backlogged:
+            for _, seq, request in self._tenants[tenant_id].heap:
+                if id(request) not in self._removed:
+                    out.append((seq, request))
+        return [request for _, request in sorted(out, key=lambda item: item[0])]
+
+    def num_waiting_by_tenant(self) -> dict[str, int]:
+        return {t: self._tenants[t].num_waiting for t in self._backlogged}
+
+    def pick_victim(self, candidates: list[Request]) -> Request | None:
+        """Preempt from the tenant with the largest counter, its most recent admission first."""
+        if not candidates:
+            return None
+        return max(candidates, key=lambda r: (self.counter(r.tenant_id), r.admitted_index))

@@ -1,0 +1,315 @@
+"""The synchronous engine: validate and queue requests, then step (schedule → run → postprocess).
+
+Not thread-safe: one thread (the AsyncEngine's loop, or a test) calls everything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.model.loader import LoadedModel
+from engine.model_runner import ModelRunner
+from engine.outputs import GenerateRequest, RequestOutput
+from engine.policy import AdmissionPolicy, FifoPolicy
+from engine.request import Request, RequestStatus, owner_tag
+from engine.sampler import Sampler
+from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.stats import EngineSnapshot, EngineStats
+from radix_cache.errors import IsolationError
+from radix_cache.page_pool import PagePool
+from radix_cache.prefix_cache import NoPrefixCache, PrefixCache, tenant_namespace
+
+log = structlog.get_logger(__name__)
+
+PrefixCacheFactory = Callable[[PagePool, int], PrefixCache]
+
+
+def default_backend(device: torch.device) -> AttentionBackend:
+    if device.type == "cuda":
+        from engine.attention.flashinfer_backend import FlashInferAttentionBackend
+
+        raise NotImplementedError(
+            f"pass a {FlashInferAttentionBackend.__name__} built for the model on CUDA"
+        )
+    from engine.attention.torch_backend import TorchAttentionBackend
+
+    return TorchAttentionBackend()
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig | None = None,
+        prefix_cache_factory: PrefixCacheFactory | None = None,
+        policy: AdmissionPolicy | None = None,
+        backend: AttentionBackend | None = None,
+    ) -> None:
+        self.config = config = config or EngineConfig()
+        model_config = loaded.config
+        self.vocab_size = model_config.vocab_size
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = tuple(model_config.eos_token_ids)
+        device = loaded.model.embed_tokens.weight.device
+        dtype = loaded.dtype
+        page_size = config.page_size
+        bytes_per_page = (
+            (2 * page_size * model_config.num_kv_heads * model_config.head_dim)
+            * model_config.num_layers
+            * torch.empty((), dtype=dtype).element_size()
+        )
+        self.num_pages = config.resolve_num_pages(bytes_per_page)
+        self.max_model_len = config.resolve_max_model_len(model_config.max_position_embeddings)
+        pool = PagePool(self.num_pages)
+        if prefix_cache_factory is not None and config.enable_prefix_cache:
+            self.cache = prefix_cache_factory(pool, page_size)
+        else:
+            self.cache = NoPrefixCache(pool, page_size)
+        self.scheduler = Scheduler(
+            self.cache, policy or FifoPolicy(), config.token_budget, config.max_num_seqs
+        )
+        self.runner = ModelRunner(
+            loaded.model,
+            model_config,
+            backend=backend or default_backend(device),
+            num_pages=self.num_pages,
+            page_size=page_size,
+            dtype=dtype,
+            device=device,
+        )
+        self.sampler = Sampler()
+        self.stats = EngineStats()
+        self._requests: dict[str, Request] = {}  # live requests only
+        self._pending: list[RequestOutput] = []  # aborts, returned by the next step
+        self._num_arrivals = 0
+        log.info(
+            "engine_ready",
+            model=loaded.name,
+            num_pages=self.num_pages,
+            page_size=page_size,
+            max_num_batched_tokens=config.token_budget,
+            max_model_len=self.max_model_len,
+            cache=type(self.cache).__name__,
+        )
+
+    # -- requests ---------------------------------------------------------------------------
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or bool(self._pending)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    def add_request(self, request: GenerateRequest) -> None:
+        """Validate and queue; raises InvalidRequestError (or PromptTooLongError) on bad input."""
+        self._validate(request)
+        params = request.params
+        generator: torch.Generator | None = None
+        if params.seed is not None and not params.is_greedy:
+            generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        state = Request(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            params=params,
+            tenant_id=request.tenant_id,
+            namespace=tenant_namespace(request.tenant_id),
+            owner=owner_tag(request.request_id),
+            arrival_index=self._num_arrivals,
+            tenant_weight=request.tenant_weight,
+            allow_public_prefix=request.allow_public_prefix,
+            generator=generator,
+        )
+        state.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, params, request.prompt_token_ids, self.eos_token_ids
+        )
+        self._num_arrivals += 1
+        self._requests[request.request_id] = state
+        self.scheduler.add(state)
+
+    def _validate(self, request: GenerateRequest) -> None:
+        if request.request_id in self._requests:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already running")
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        request.params.validate()
+        if any(not 0 <= t < self.vocab_size for t in prompt):
+            raise InvalidRequestError(
+                f"prompt token ids must be in [0, {self.vocab_size})", "prompt"
+            )
+        total = len(prompt) + request.params.max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt ({len(prompt)} tokens) plus max_tokens ({request.params.max_tokens}) "
+                f"exceeds the model's context of {self.max_model_len} tokens",
+                "max_tokens" if len(prompt) < self.max_model_len else "prompt",
+            )
+        capacity = self.num_pages * self.config.page_size
+        if len(prompt) > capacity:
+            raise PromptTooLongError(
+                f"prompt ({len(prompt)} tokens) exceeds the KV cache ({capacity} tokens)", "prompt"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its pages; its final output comes with the next step."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return False
+        self.scheduler.finish(request, "abort")
+        self.stats.num_aborted += 1
+        self._pending.append(self._output(request, [], "", "abort"))
+        return True
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        stats = self.stats
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        stats.schedule_s += t1 - t0
+        stats.num_preemptions += len(out.preempted)
+        for request in out.finished:  # outgrew the whole KV cache
+            outputs.append(self._finish(request, [], request.finish_reason or "length", done=True))
+        seqs = [seq for seq in out.seqs if self._check_isolation(seq, outputs)]
+        if not seqs:
+            return outputs
+        inputs = self.runner.prepare(seqs)
+        t2 = time.perf_counter()
+        stats.metadata_s += t2 - t1
+        try:
+            logits = self.runner.forward(inputs)
+        except Exception as exc:  # one bad step errors its requests, never the engine
+            log.error("step_failed", error=repr(exc), num_seqs=len(seqs))
+            for seq in seqs:
+                outputs.append(self._fail(seq.request, f"model step failed: {exc}"))
+            return outputs
+        sampled = [seq.request for seq in seqs if seq.sample]
+        t3 = time.perf_counter()
+        stats.forward_s += t3 - t2
+        token_ids: list[int] = []
+        if sampled:
+            params = [r.params for r in sampled]
+            token_ids = self.sampler(logits, params, [r.generator for r in sampled]).token_ids
+        t4 = time.perf_counter()
+        stats.sample_s += t4 - t3
+        self._count_tokens(out, seqs)
+        self.scheduler.postprocess(out)
+        for request, token_id in zip(sampled, token_ids, strict=True):
+            outputs.append(self._append_token(request, token_id))
+        stats.postprocess_s += time.perf_counter() - t4
+        stats.num_steps += 1
+        return outputs
+
+    def _check_isolation(self, seq: ScheduledSeq, outputs: list[RequestOutput]) -> bool:
+        request = seq.request
+        try:
+            self.cache.check_owner(request.block_table, request.namespace, request.owner)
+        except IsolationError as exc:
+            log.error("isolation_violation", request_id=request.request_id, error=str(exc))
+            outputs.append(self._fail(request, "internal isolation check failed"))
+            return False
+        return True
+
+    def _count_tokens(self, out: SchedulerOutput, seqs: list[ScheduledSeq]) -> None:
+        for seq in seqs:
+            request = seq.request
+            if seq.num_new_tokens == 1 and request.num_output_tokens > 0 and seq.sample:
+                self.stats.num_decode_tokens += 1
+            else:
+                self.stats.num_prefill_tokens += seq.num_new_tokens
+            if (
+                request.num_computed_tokens == request.num_cached_tokens
+                and request.num_output_tokens == 0
+            ):
+                self.stats.num_cached_tokens += request.num_cached_tokens
+
+    def _append_token(self, request: Request, token_id: int) -> RequestOutput:
+        request.append_token(token_id)
+        self.stats.num_generated_tokens += 1
+        detokenizer = request.detokenizer
+        if detokenizer is None:
+            raise RuntimeError("request without detokenizer")
+        text, reason = detokenizer.update(token_id, request.num_output_tokens)
+        if reason is None and request.num_tokens >= self.max_model_len:
+            reason = "length"
+            text += detokenizer.flush()
+        if reason is None:
+            return self._output(request, [token_id], text, None)
+        return self._finish(request, [token_id], reason, text=text)
+
+    def _finish(
+        self,
+        request: Request,
+        token_ids: list[int],
+        reason: str,
+        text: str = "",
+        done: bool = False,
+    ) -> RequestOutput:
+        if not done:
+            self.scheduler.finish(request, reason)
+        if request.detokenizer is not None:
+            text += request.detokenizer.flush()
+        self._requests.pop(request.request_id, None)
+        self.stats.num_finished += 1
+        log.info(
+            "request_finished",
+            request_id=request.request_id,
+            tenant_id=request.tenant_id,
+            finish_reason=reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_output_tokens=request.num_output_tokens,
+            num_preemptions=request.num_preemptions,
+        )
+        return self._output(request, token_ids, text, reason)
+
+    def _fail(self, request: Request, message: str) -> RequestOutput:
+        if request.status is not RequestStatus.FINISHED:
+            self.scheduler.finish(request, "error")
+        self._requests.pop(request.request_id, None)
+        output = self._output(request, [], "", "error")
+        output.error = message
+        return output
+
+    def _output(
+        self, request: Request, token_ids: list[int], text: str, reason: str | None
+    ) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            text=text,
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_output_tokens=request.num_output_tokens,
+        )
+
+    # -- introspection ---------------------------------------------------------------------------
+
+    def snapshot(self) -> EngineSnapshot:
+        """Running/waiting per tenant, pages and counters; O(live requests), not per step."""
+        running: dict[str, int] = {}
+        for request in self.scheduler.running:
+            running[request.tenant_id] = running.get(request.tenant_id, 0) + 1
+        return EngineSnapshot(
+            running_by_tenant=running,
+            waiting_by_tenant=self.scheduler.policy.num_waiting_by_tenant(),
+            num_pages_total=self.num_pages,
+            num_pages_free=self.cache.pool.num_free_pages,
+            num_pages_available=self.cache.num_available_pages,
+            page_size=self.config.page_size,
+            counters=self.stats.copy(),
+        )

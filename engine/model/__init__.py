@@ -1,0 +1,1 @@
+"""The Llama-family model: config, weights (safetensors, GGUF), export, and the loader."""

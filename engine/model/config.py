@@ -1,0 +1,187 @@
+"""The model's shape and hyper-parameters, built from a Hugging Face config or GGUF metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+
+def _as_tuple(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list | tuple):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    # None, or {"rope_type": "linear" | "dynamic" | "llama3" | "yarn", "factor": ..., ...}
+    rope_scaling: Mapping[str, Any] | None = field(default=None, hash=False)
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    architecture: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {self.architecture!r}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf_dict(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face ``config.json`` (transformers 4.x or 5.x layout)."""
+        model_type = str(cfg.get("model_type", "llama"))
+        arch = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}.get(model_type)
+        if arch is None:
+            raise ValueError(f"unsupported model_type {model_type!r}")
+        hidden = int(cfg["hidden_size"])
+        num_heads = int(cfg["num_attention_heads"])
+        head_dim = cfg.get("head_dim") or hidden // num_heads
+        # transformers 5.x: rope_parameters holds rope_theta and the scaling; 4.x: top level.
+        rope_params = dict(cfg.get("rope_parameters") or {})
+        theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or rope_params
+        rope_scaling = _normalize_rope_scaling(scaling)
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
+            architecture=arch,
+        )
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], *, tied: bool) -> ModelConfig:
+        """Build from GGUF key/values (``llama.*`` / ``qwen2.*``); ``tied`` if no output.weight."""
+        arch = str(meta["general.architecture"])
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported GGUF architecture {arch!r}")
+
+        def key(name: str, default: Any = None) -> Any:
+            return meta.get(f"{arch}.{name}", default)
+
+        hidden = int(key("embedding_length"))
+        num_heads = int(key("attention.head_count"))
+        vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+        scaling: dict[str, Any] | None = None
+        scale_type = key("rope.scaling.type")
+        if scale_type and scale_type != "none":
+            scaling = {"rope_type": scale_type, "factor": float(key("rope.scaling.factor", 1.0))}
+            orig = key("rope.scaling.original_context_length")
+            if orig is not None:
+                scaling["original_max_position_embeddings"] = int(orig)
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return cls(
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(key("feed_forward_length")),
+            num_layers=int(key("block_count")),
+            num_heads=num_heads,
+            num_kv_heads=int(key("attention.head_count_kv", num_heads)),
+            head_dim=int(key("attention.key_length", hidden // num_heads)),
+            rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=_f32(key("rope.freq_base", 10000.0)),
+            rope_scaling=_normalize_rope_scaling(scaling),
+            max_position_embeddings=int(key("context_length", 2048)),
+            tie_word_embeddings=tied,
+            attention_bias=arch == "qwen2",
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=_as_tuple(eos),
+            architecture=arch,
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A transformers-loadable ``config.json`` body (LlamaForCausalLM / Qwen2ForCausalLM)."""
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            rope = {**self.rope_scaling, "rope_theta": self.rope_theta}
+        arch_class = {
+            "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+        }
+        eos: int | list[int] | None = list(self.eos_token_ids) or None
+        if len(self.eos_token_ids) == 1:
+            eos = self.eos_token_ids[0]
+        out: dict[str, Any] = {
+            "architectures": [arch_class[self.architecture]],
+            "model_type": self.architecture,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            # Both spellings: transformers 5.x reads rope_parameters, older readers the rest.
+            "rope_theta": self.rope_theta,
+            "rope_parameters": rope,
+            "rope_scaling": None if self.rope_scaling is None else dict(rope),
+        }
+        if self.architecture == "llama":
+            out["attention_bias"] = self.attention_bias
+            out["mlp_bias"] = False
+        return out
+
+
+def _f32(value: Any) -> float:
+    """GGUF stores float32: keep its shortest decimal (1e-05, not 9.999999747e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _normalize_rope_scaling(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Map both the old ``type`` and new ``rope_type`` spellings to one dict, or None."""
+    if not scaling:
+        return None
+    out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in (None, "default", "none"):
+        return None
+    if kind not in ("linear", "dynamic", "llama3", "yarn"):
+        raise ValueError(f"unsupported rope scaling {kind!r}")
+    out["rope_type"] = kind
+    return out

@@ -1,0 +1,153 @@
+"""The Llama-family decoder (Llama, Mistral, SmolLM, Qwen2) over a flattened, unpadded batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.nn.functional import linear, silu
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.model.rope import apply_rope, rope_cos_sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, scale in the model dtype (as the reference implementation does).
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.q_size
+        self.kv_size = config.kv_size
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        cos: torch.Tensor,  # [num_tokens, 1, head_dim]
+        sin: torch.Tensor,  # [num_tokens, 1, head_dim]
+        backend: AttentionBackend,
+        kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(n, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        out = backend.forward(self.layer_id, q, k, v, kv_cache)  # [num_tokens, heads, head_dim]
+        projected: torch.Tensor = self.o_proj(out.reshape(n, self.q_size))
+        return projected  # [num_tokens, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        out: torch.Tensor = self.down_proj(silu(gate) * up)  # SwiGLU
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        backend: AttentionBackend,
+        kv_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        attn: torch.Tensor = self.self_attn(self.input_layernorm(x), cos, sin, backend, kv_cache)
+        x = x + attn
+        mlp: torch.Tensor = self.mlp(self.post_attention_layernorm(x))
+        return x + mlp
+
+
+class LlamaForCausalLM(nn.Module):
+    """Build it (on the meta device for speed), then call :meth:`load_weights`."""
+
+    rope_cos: torch.Tensor  # [max_positions, head_dim], model dtype
+    rope_sin: torch.Tensor  # [max_positions, head_dim], model dtype
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Adopt ``state`` (our fused names, final dtype and device) and build the RoPE table."""
+        self.load_state_dict(dict(state), strict=True, assign=True)
+        weight = self.embed_tokens.weight
+        c = self.config
+        cos, sin = rope_cos_sin(
+            c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings, weight.device
+        )
+        # The table is computed in float32 and cast once, like the reference per-step cast.
+        self.rope_cos = cos.to(weight.dtype)
+        self.rope_sin = sin.to(weight.dtype)
+        self.eval()
+
+    @property
+    def output_weight(self) -> torch.Tensor:  # [vocab, hidden]
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(  # noqa: PLR0917 - the engine calls it positionally
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        kv_caches: list[torch.Tensor],  # per layer [num_pages, 2, page_size, kv_heads, head_dim]
+        logits_indices: torch.Tensor,  # [num_logits] int64
+    ) -> torch.Tensor:  # [num_logits, vocab] float32
+        """Run one step; plans the backend for ``meta`` first, then writes K/V per layer."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"need {len(self.layers)} KV caches, got {len(kv_caches)}")
+        backend.plan(meta)
+        cos = self.rope_cos[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
+        sin = self.rope_sin[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, backend, kv_cache)
+        x = self.norm(x[logits_indices])  # [num_logits, hidden]
+        return linear(x, self.output_weight).float()  # [num_logits, vocab]

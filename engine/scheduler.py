@@ -1,0 +1,241 @@
+"""The step scheduler: decodes first, then prefill chunks, then admissions, under a token budget.
+
+Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
+locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
+that cannot get a page preempts the most recently admitted running request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import structlog
+
+from engine.policy import AdmissionPolicy
+from engine.request import Request, RequestStatus
+from radix_cache.prefix_cache import PrefixCache
+
+log = structlog.get_logger(__name__)
+
+
+class ScheduledSeq(NamedTuple):
+    request: Request
+    num_new_tokens: int  # tokens of all_token_ids[num_computed:] run this step
+    sample: bool  # the chunk reaches the end of the sequence: its last logits give a token
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)  # ended for lack of KV capacity
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    """Owns the running set; the admission policy owns the waiting queue."""
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        policy: AdmissionPolicy,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+    ) -> None:
+        if max_num_seqs > max_num_batched_tokens:
+            raise ValueError("max_num_seqs must not exceed max_num_batched_tokens")
+        self.cache = cache
+        self.policy = policy
+        self.page_size = cache.page_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.running: list[Request] = []  # in order of admission
+        self._num_admissions = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.policy)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or len(self.policy) > 0
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.policy.add(request)
+
+    # -- schedule -------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: set[str] = set()
+        decodes = [r for r in self.running if r.num_remaining_tokens == 1]
+        prefills = [r for r in self.running if r.num_remaining_tokens > 1]
+        for request in decodes + prefills:
+            if request.status is not RequestStatus.RUNNING or budget == 0:
+                continue
+            want = min(request.num_remaining_tokens, budget)
+            num_new = self._num_fitting(request, want)
+            while num_new == 0:
+                victim = self._pick_victim(scheduled, request)
+                if victim is None:
+                    break
+                self._preempt(victim)
+                out.preempted.append(victim)
+                num_new = self._num_fitting(request, want)
+            if num_new == 0:
+                if len(self.running) == 1:
+                    # Alone and still out of room: the sequence outgrew the whole KV cache.
+                    self.finish(request, "length")
+                    out.finished.append(request)
+                elif request.is_decoding:
+                    self._preempt(request)
+                    out.preempted.append(request)
+                continue  # a prefill chunk waits for pages instead
+            is_decode = request.is_decoding and request.num_output_tokens > 0
+            self._grow(request, num_new)
+            self._add_seq(out, request, num_new, scheduled)
+            budget -= num_new
+            if is_decode:
+                self.policy.charge(request, 0, 0, 1)
+            else:
+                self.policy.charge(request, num_new, 0, 0)
+        if not out.preempted:
+            budget = self._admit(out, budget, scheduled)
+        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int, scheduled: set[str]) -> int:
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.policy.peek()
+            if request is None:
+                break
+            # At least the last token is always run: its logits choose the next token.
+            match = self.cache.match(
+                request.namespace, request.all_token_ids[:-1], request.allow_public_prefix
+            )
+            self.cache.lock(match.node)
+            request.block_table = list(match.page_ids)
+            request.num_tree_pages = len(match.page_ids)
+            request.num_computed_tokens = match.num_tokens
+            want = min(request.num_remaining_tokens, budget)
+            num_new = self._num_fitting(request, want)
+            if num_new == 0:
+                self.cache.unlock(match.node)
+                request.block_table = []
+                request.num_tree_pages = 0
+                request.num_computed_tokens = 0
+                break
+            self.policy.pop()
+            request.cache_node = match.node
+            first_admission = request.num_cached_tokens < 0
+            if first_admission:
+                request.num_cached_tokens = min(match.num_tokens, request.num_prompt_tokens)
+            request.status = RequestStatus.RUNNING
+            request.admitted_index = self._num_admissions
+            self._num_admissions += 1
+            self.running.append(request)
+            self._grow(request, num_new)
+            self._add_seq(out, request, num_new, scheduled)
+            budget -= num_new
+            num_cached = request.num_cached_tokens if first_admission else 0
+            self.policy.charge(request, num_new, num_cached, 0)
+        return budget
+
+    def _add_seq(
+        self, out: SchedulerOutput, request: Request, num_new: int, scheduled: set[str]
+    ) -> None:
+        sample = request.num_computed_tokens + num_new == request.num_tokens
+        out.seqs.append(ScheduledSeq(request, num_new, sample))
+        scheduled.add(request.request_id)
+
+    def _num_fitting(self, request: Request, want: int) -> int:
+        """How many of ``want`` new tokens the request's pages plus available pages can hold."""
+        num_pages = len(request.block_table) + self.cache.num_available_pages
+        room = num_pages * self.page_size - request.num_computed_tokens
+        return max(0, min(want, room))
+
+    def _grow(self, request: Request, num_new: int) -> None:
+        num_tokens = request.num_computed_tokens + num_new
+        need = -(-num_tokens // self.page_size) - len(request.block_table)
+        if need > 0:
+            request.block_table.extend(self.cache.allocate(need, request.owner, request.namespace))
+
+    def _pick_victim(self, scheduled: set[str], requester: Request) -> Request | None:
+        for request in reversed(self.running):
+            if request is not requester and request.request_id not in scheduled:
+                return request
+        return None
+
+    # -- state changes after a step ---------------------------------------------------------
+
+    def postprocess(self, out: SchedulerOutput) -> None:
+        """Advance every scheduled sequence; hand completed prefill pages to the cache."""
+        for seq in out.seqs:
+            request = seq.request
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            was_decode = request.is_decoding and request.num_output_tokens > 0
+            request.num_computed_tokens += seq.num_new_tokens
+            num_full = request.num_computed_tokens // self.page_size
+            if not was_decode and num_full > request.num_tree_pages:
+                self._cache_pages(request, num_full)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """End a running or waiting request: cache its computed pages, release the rest."""
+        if request.status is RequestStatus.RUNNING:
+            self._release(request)
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.policy.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+
+    def _preempt(self, request: Request) -> None:
+        self._release(request)
+        self.running.remove(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.policy.requeue_front(request)
+        log.info(
+            "request_preempted",
+            request_id=request.request_id,
+            tenant_id=request.tenant_id,
+            num_tokens=request.num_tokens,
+        )
+
+    def _release(self, request: Request) -> None:
+        num_full = request.num_computed_tokens // self.page_size
+        if num_full > request.num_tree_pages:
+            self._cache_pages(request, num_full)
+        self.cache.unlock(request.cache_node)
+        request.cache_node = None
+        owner = self.cache.pool.owner
+        private = [page for page in request.block_table if owner(page) == request.owner]
+        self.cache.free(private)
+        request.block_table = []
+        request.num_tree_pages = 0
+
+    def _cache_pages(self, request: Request, num_full: int) -> None:
+        tokens = request.all_token_ids[: num_full * self.page_size]
+        result = self.cache.cache(
+            request.namespace,
+            tokens,
+            request.block_table[:num_full],
+            request.owner,
+            request.cache_node,
+        )
+        request.block_table[:num_full] = result.page_ids
+        request.cache_node = result.node
+        request.num_tree_pages = num_full

@@ -1,0 +1,48 @@
+"""Engine counters and the snapshot handed to other threads (benchmarks, admin API)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Cumulative since start; updated by the engine thread only."""
+
+    num_steps: int = 0
+    schedule_s: float = 0.0
+    metadata_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    postprocess_s: float = 0.0
+    num_prefill_tokens: int = 0  # prompt (or recomputed) tokens run through the model
+    num_decode_tokens: int = 0  # single-token decode steps run
+    num_generated_tokens: int = 0  # tokens sampled
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    num_preemptions: int = 0
+    num_finished: int = 0
+    num_aborted: int = 0
+
+    def copy(self) -> EngineStats:
+        return replace(self)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """A consistent, immutable picture of the engine at the end of one step."""
+
+    running_by_tenant: dict[str, int] = field(default_factory=dict)
+    waiting_by_tenant: dict[str, int] = field(default_factory=dict)
+    num_pages_total: int = 0
+    num_pages_free: int = 0
+    num_pages_available: int = 0  # free plus evictable cached pages
+    page_size: int = 0
+    counters: EngineStats = field(default_factory=EngineStats)
+
+    @property
+    def num_running(self) -> int:
+        return sum(self.running_by_tenant.values())
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(self.waiting_by_tenant.values())

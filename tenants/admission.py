@@ -1,0 +1,225 @@
+"""Admission and settlement: status, prompt limit, rate buckets, concurrency, monthly budget.
+
+Everything happens in one transaction that first locks the tenant's bucket row; the budget is
+reserved with a single conditional UPDATE, so no interleaving of processes can overspend it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import case, delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from tenants.database import Database
+from tenants.errors import (
+    DuplicateRequestError,
+    InvalidInputError,
+    PromptTooLargeError,
+    QuotaExceededError,
+    TenantSuspendedError,
+)
+from tenants.models import RateBucket, Reservation, TokenBudget
+from tenants.rate_limit import drain, try_draw
+from tenants.schemas import Admission, AuthContext, Quotas, Usage
+from tenants.tenant_service import load_tenant, quotas_of
+from tenants.timeutil import Clock, month_period, next_month_start, utc_now
+from tenants.upsert import insert_ignore
+
+CONCURRENCY_RETRY_S = 1.0
+
+
+class AdmissionService:
+    def __init__(self, db: Database, clock: Clock = utc_now) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def admit(
+        self, ctx: AuthContext, request_id: str, prompt_tokens: int, max_tokens: int
+    ) -> Admission:
+        """Grant the request or raise (TenantSuspendedError, PromptTooLargeError,
+        QuotaExceededError, DuplicateRequestError). Quotas are read fresh, not from ``ctx``."""
+        if prompt_tokens < 0 or max_tokens < 0 or not request_id:
+            raise InvalidInputError("request_id, prompt_tokens and max_tokens are required")
+        now = self._clock()
+        period = month_period(now)
+        need = prompt_tokens + max_tokens
+        try:
+            async with self._db.transaction() as session:
+                tenant = await load_tenant(session, ctx.tenant_id)
+                if tenant.status != "active":
+                    raise TenantSuspendedError(f"tenant {tenant.id} is {tenant.status}")
+                quotas = quotas_of(tenant)
+                limit = quotas.max_prompt_tokens
+                if limit is not None and prompt_tokens > limit:
+                    raise PromptTooLargeError(
+                        f"prompt of {prompt_tokens} tokens exceeds the limit of {limit}",
+                        limit=limit,
+                        prompt_tokens=prompt_tokens,
+                    )
+                if await session.get(Reservation, request_id) is not None:
+                    raise DuplicateRequestError(f"request {request_id!r} is already admitted")
+                bucket = await self._lock_bucket(session, tenant.id, now.timestamp())
+                admission = await self._take(
+                    session,
+                    bucket,
+                    quotas=quotas,
+                    now=now,
+                    need=need,
+                    period=period,
+                    request_id=request_id,
+                    key_id=ctx.key_id,
+                )
+                session.add(
+                    Reservation(
+                        request_id=request_id,
+                        tenant_id=tenant.id,
+                        period=period,
+                        tokens=need,
+                        created_at=now,
+                    )
+                )
+                await session.flush()
+        except IntegrityError as exc:
+            raise DuplicateRequestError(f"request {request_id!r} was already admitted") from exc
+        return admission
+
+    async def settle(self, admission: Admission, usage: Usage) -> bool:
+        """Release the slot and the reservation, charging ``usage`` to the month it was
+        admitted in. Idempotent: only the first call for a request id does anything."""
+        async with self._db.transaction() as session:
+            held = (
+                await session.execute(
+                    delete(Reservation)
+                    .where(Reservation.request_id == admission.request_id)
+                    .returning(Reservation.tenant_id, Reservation.period, Reservation.tokens)
+                )
+            ).one_or_none()
+            if held is None:
+                return False
+            tenant_id, period, reserved = held
+            await session.execute(
+                update(TokenBudget)
+                .where(TokenBudget.tenant_id == tenant_id, TokenBudget.period == period)
+                .values(
+                    reserved=TokenBudget.reserved - reserved,
+                    used=TokenBudget.used + usage.total_tokens,
+                )
+            )
+            refund = max(0, reserved - usage.total_tokens)  # unused max_tokens flow back
+            await session.execute(
+                update(RateBucket)
+                .where(RateBucket.tenant_id == tenant_id)
+                .values(
+                    in_flight=case((RateBucket.in_flight > 0, RateBucket.in_flight - 1), else_=0),
+                    tokens_drawn=case(
+                        (RateBucket.tokens_drawn > refund, RateBucket.tokens_drawn - refund),
+                        else_=0.0,
+                    ),
+                )
+            )
+        return True
+
+    async def _lock_bucket(self, session: AsyncSession, tenant_id: str, now_s: float) -> RateBucket:
+        row = {
+            "tenant_id": tenant_id,
+            "requests_drawn": 0.0,
+            "tokens_drawn": 0.0,
+            "refilled_at": now_s,
+            "in_flight": 0,
+        }
+        await session.execute(insert_ignore(self._db, RateBucket, [row]))
+        bucket = await session.scalar(
+            select(RateBucket).where(RateBucket.tenant_id == tenant_id).with_for_update()
+        )
+        if bucket is None:  # the tenant row is held, so the bucket cannot vanish
+            raise RuntimeError("rate bucket missing after insert")
+        return bucket
+
+    async def _take(
+        self,
+        session: AsyncSession,
+        bucket: RateBucket,
+        *,
+        quotas: Quotas,
+        now: datetime,
+        need: int,
+        period: str,
+        request_id: str,
+        key_id: str,
+    ) -> Admission:
+        rpm, tpm = quotas.requests_per_minute, quotas.tokens_per_minute
+        now_s = now.timestamp()
+        elapsed = now_s - bucket.refilled_at
+        requests = try_draw(drain(bucket.requests_drawn, rpm, elapsed), rpm, 1)
+        tokens = try_draw(drain(bucket.tokens_drawn, tpm, elapsed), tpm, need)
+        if not (requests.fits and tokens.fits):
+            raise QuotaExceededError(
+                "requests per minute exceeded"
+                if not requests.fits
+                else "tokens per minute exceeded",
+                reason="requests_per_minute" if not requests.fits else "tokens_per_minute",
+                retry_after_s=max(requests.retry_after_s, tokens.retry_after_s),
+                limit_requests=rpm,
+                remaining_requests=None if rpm is None else requests.remaining,
+                limit_tokens=tpm,
+                remaining_tokens=None if tpm is None else tokens.remaining,
+            )
+        cap = quotas.max_concurrent_requests
+        if cap is not None and bucket.in_flight >= cap:
+            raise QuotaExceededError(
+                f"{cap} concurrent requests already running",
+                reason="max_concurrent_requests",
+                retry_after_s=CONCURRENCY_RETRY_S,
+                limit_requests=rpm,
+                remaining_requests=None if rpm is None else requests.remaining,
+                limit_tokens=tpm,
+                remaining_tokens=None if tpm is None else tokens.remaining,
+            )
+        await self._reserve_budget(session, bucket.tenant_id, period, need, quotas)
+        bucket.requests_drawn, bucket.tokens_drawn = requests.drawn, tokens.drawn
+        bucket.refilled_at = now_s
+        bucket.in_flight += 1
+        return Admission(
+            request_id=request_id,
+            tenant_id=bucket.tenant_id,
+            key_id=key_id,
+            reserved_tokens=need,
+            period=period,
+            admitted_at=now,
+            limit_requests=rpm,
+            remaining_requests=None if rpm is None else requests.remaining,
+            limit_tokens=tpm,
+            remaining_tokens=None if tpm is None else tokens.remaining,
+        )
+
+    async def _reserve_budget(
+        self, session: AsyncSession, tenant_id: str, period: str, need: int, quotas: Quotas
+    ) -> None:
+        row = {"tenant_id": tenant_id, "period": period, "used": 0, "reserved": 0}
+        await session.execute(insert_ignore(self._db, TokenBudget, [row]))
+        budget = quotas.monthly_token_budget
+        stmt = (
+            update(TokenBudget)
+            .where(TokenBudget.tenant_id == tenant_id, TokenBudget.period == period)
+            .values(reserved=TokenBudget.reserved + need)
+        )
+        if budget is not None:
+            stmt = stmt.where(TokenBudget.used + TokenBudget.reserved + need <= budget)
+        result = await session.execute(stmt)
+        if result.rowcount == 1:  # type: ignore[attr-defined]
+            return
+        spent = await session.scalar(
+            select(TokenBudget.used + TokenBudget.reserved).where(
+                TokenBudget.tenant_id == tenant_id, TokenBudget.period == period
+            )
+        )
+        now = self._clock()
+        raise QuotaExceededError(
+            "monthly token budget exhausted",
+            reason="monthly_token_budget",
+            retry_after_s=(next_month_start(now) - now).total_seconds(),
+            limit_tokens=budget,
+            remaining_tokens=max(0, (budget or 0) - (spent or 0)),
+        )

@@ -1,0 +1,130 @@
+"""Async engine and sessions for SQLite (aiosqlite, WAL) and PostgreSQL (asyncpg), plus migrations.
+
+Alembic's scripts live in the top-level ``migrations`` package, found by location only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from tenants.errors import InvalidInputError, MigrationError
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def script_location() -> Path:
+    """The Alembic scripts folder, from the repository or an installed package."""
+    spec = importlib.util.find_spec("migrations")
+    if spec is None or spec.origin is None:
+        raise MigrationError("the migrations package is not installed")
+    folder = Path(spec.origin).resolve().parent
+    if not (folder / "env.py").is_file():
+        raise MigrationError(f"no Alembic env.py in {folder}")
+    return folder
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    # Let SQLAlchemy emit BEGIN itself (below) instead of the driver's implicit deferred one.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    # IMMEDIATE takes the write lock up front, so a read-then-write transaction waits on the
+    # busy timeout instead of failing with SQLITE_BUSY when it upgrades its lock.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+class Database:
+    """One engine and its session factory; create with ``await Database.connect(url)``."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    async def connect(cls, url: str, *, pool_size: int = 10) -> Database:
+        parsed = make_url(url)
+        if parsed.drivername == "sqlite+aiosqlite":
+            engine = create_async_engine(url)
+            event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+            event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
+        elif parsed.drivername == "postgresql+asyncpg":
+            engine = create_async_engine(
+                url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+            )
+        else:
+            raise InvalidInputError(
+                "database URL must use sqlite+aiosqlite:// or postgresql+asyncpg://",
+                "database_url",
+            )
+        return cls(engine)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A session inside one transaction: committed on success, rolled back on error."""
+        async with self.sessions() as session, session.begin():
+            yield session
+
+    async def ping(self) -> bool:
+        """True when the database answers a trivial query (readiness)."""
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception:
+            return False
+        return True
+
+    async def upgrade(self, revision: str = "head") -> None:
+        await self._run_alembic(lambda cfg: command.upgrade(cfg, revision))
+
+    async def downgrade(self, revision: str) -> None:
+        await self._run_alembic(lambda cfg: command.downgrade(cfg, revision))
+
+    async def current(self) -> str | None:
+        """The applied revision, or None on an empty database."""
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(
+                lambda sync: MigrationContext.configure(sync).get_current_revision()
+            )
+
+    async def _run_alembic(self, action: Callable[[Config], None]) -> None:
+        folder = script_location()
+        cfg = Config()
+        cfg.set_main_option("script_location", str(folder))
+        async with self.engine.begin() as conn:
+            await conn.run_sync(_with_connection, cfg, action)
+
+
+def _with_connection(sync: Connection, cfg: Config, action: Callable[[Config], None]) -> None:
+    cfg.attributes["connection"] = sync
+    action(cfg)

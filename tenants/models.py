@@ -1,0 +1,203 @@
+"""SQLAlchemy models of the tenant domain; Alembic owns the schema built from them.
+
+Times are stored as naive UTC (``UtcDateTime``) so SQLite and PostgreSQL order them alike.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import DateTime, TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+# SQLite only autoincrements a column declared exactly INTEGER PRIMARY KEY.
+AutoId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out; stored naive UTC."""
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # raw SQL results on SQLite
+            value = datetime.fromisoformat(value)
+        if not isinstance(value, datetime):
+            raise TypeError(f"unexpected datetime value from the driver: {value!r}")
+        return value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    weight: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent_requests: Mapped[int | None] = mapped_column(BigInteger)
+    monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger)
+    max_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    kv_cache_share: Mapped[float | None] = mapped_column(Float)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64))  # hex HMAC-SHA256 of the whole key
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class UsageEventRow(Base):
+    """Append-only; no foreign keys so that a late or replayed event can never be refused."""
+
+    __tablename__ = "usage_events"
+    __table_args__ = (
+        Index("ix_usage_events_model_started_at", "model", "started_at"),
+        Index("ix_usage_events_tenant_id_started_at", "tenant_id", "started_at"),
+    )
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str | None] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(100))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+
+
+class UsageRollup(Base):
+    """Hourly sums per tenant and model, updated in the transaction that inserts the events."""
+
+    __tablename__ = "usage_rollups"
+    __table_args__ = (Index("ix_usage_rollups_hour", "hour"),)
+
+    tenant_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model: Mapped[str] = mapped_column(String(100), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+
+
+class TokenBudget(Base):
+    """Monthly token budget state; ``period`` is ``YYYY-MM`` (UTC)."""
+
+    __tablename__ = "token_budgets"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    period: Mapped[str] = mapped_column(String(7), primary_key=True)
+    used: Mapped[int] = mapped_column(BigInteger)
+    reserved: Mapped[int] = mapped_column(BigInteger)
+
+
+class Reservation(Base):
+    """An admitted, not yet settled request; deleting it is what makes settle idempotent."""
+
+    __tablename__ = "reservations"
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    period: Mapped[str] = mapped_column(String(7))
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class RateBucket(Base):
+    """Per-minute token buckets as amounts drawn (draining over time) and the in-flight count.
+
+    Storing what was drawn, not what is left, makes a newly set limit start with a full bucket.
+    """
+
+    __tablename__ = "rate_buckets"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    requests_drawn: Mapped[float] = mapped_column(Float)
+    tokens_drawn: Mapped[float] = mapped_column(Float)
+    refilled_at: Mapped[float] = mapped_column(Float)  # epoch seconds
+    in_flight: Mapped[int] = mapped_column(Integer)
+
+
+class Price(Base):
+    __tablename__ = "prices"
+    __table_args__ = (UniqueConstraint("model", "effective_from"),)
+
+    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(100))
+    input_per_million: Mapped[int] = mapped_column(BigInteger)
+    cached_input_per_million: Mapped[int] = mapped_column(BigInteger)
+    output_per_million: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    effective_from: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class AuditEntry(Base):
+    """Admin mutations; rows are never updated or deleted (triggers refuse it)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(200))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+
+
+class Setting(Base):
+    """Server-side secrets and settings (admin token hash, key HMAC secret)."""
+
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)

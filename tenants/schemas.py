@@ -1,0 +1,171 @@
+"""Values the tenant services take and return (msgspec Structs; ORM rows never leave a service).
+
+Request-shaped structs forbid unknown fields so the gateway can decode JSON bodies into them.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from tenants.errors import InvalidInputError
+
+TenantStatus = Literal["active", "suspended", "deleted"]
+PatchableStatus = Literal["active", "suspended"]
+MAX_NAME_LEN = 100
+QUOTA_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "max_concurrent_requests",
+    "monthly_token_budget",
+    "max_prompt_tokens",
+)
+
+
+def check_count(value: int | None, param: str) -> None:
+    if value is not None and (isinstance(value, bool) or value < 0):
+        raise InvalidInputError(f"{param} must be a non-negative integer or null", param)
+
+
+def check_share(value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise InvalidInputError("kv_cache_share must be between 0 and 1", "kv_cache_share")
+
+
+def check_weight(value: float) -> None:
+    if not (math.isfinite(value) and 0.0 < value <= 1e6):
+        raise InvalidInputError("weight must be a positive finite number", "weight")
+
+
+def check_name(value: str, param: str = "name") -> None:
+    if not value.strip() or len(value) > MAX_NAME_LEN or value != value.strip():
+        raise InvalidInputError(f"{param} must be 1-{MAX_NAME_LEN} characters, untrimmed", param)
+
+
+class Quotas(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-tenant limits; ``None`` means unlimited."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
+    monthly_token_budget: int | None = None
+    max_prompt_tokens: int | None = None
+    kv_cache_share: float | None = None
+
+    def __post_init__(self) -> None:
+        for field in QUOTA_FIELDS:
+            check_count(getattr(self, field), field)
+        check_share(self.kv_cache_share)
+
+
+class QuotasPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A partial change of quotas: absent fields stay, ``None`` sets unlimited."""
+
+    requests_per_minute: int | UnsetType | None = UNSET
+    tokens_per_minute: int | UnsetType | None = UNSET
+    max_concurrent_requests: int | UnsetType | None = UNSET
+    monthly_token_budget: int | UnsetType | None = UNSET
+    max_prompt_tokens: int | UnsetType | None = UNSET
+    kv_cache_share: float | UnsetType | None = UNSET
+
+    def apply(self, quotas: Quotas) -> Quotas:
+        changes = {
+            name: value
+            for name in (*QUOTA_FIELDS, "kv_cache_share")
+            if (value := getattr(self, name)) is not UNSET
+        }
+        return msgspec.structs.replace(quotas, **changes)
+
+
+class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    weight: float = 1.0
+    quotas: Quotas = msgspec.field(default_factory=Quotas)
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        check_weight(self.weight)
+
+
+class TenantPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    weight: float | UnsetType = UNSET
+    status: PatchableStatus | UnsetType = UNSET
+    quotas: QuotasPatch | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.weight is not UNSET:
+            check_weight(self.weight)
+        if self.status is not UNSET and self.status not in ("active", "suspended"):
+            raise InvalidInputError("status must be active or suspended", "status")
+
+
+class TenantInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    weight: float
+    status: TenantStatus
+    created_at: datetime
+    quotas: Quotas
+
+
+class KeyInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """An API key without its secret."""
+
+    id: str
+    tenant_id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
+
+
+class AuthContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Who a valid key speaks for; the only tenant identity a request may carry."""
+
+    tenant_id: str
+    tenant_name: str
+    key_id: str
+    weight: float
+    status: TenantStatus
+    quotas: Quotas
+
+
+class Admission(msgspec.Struct, frozen=True, kw_only=True):
+    """A granted request: what it holds until ``settle`` (a concurrency slot, reserved tokens).
+
+    The limit/remaining fields feed the ``x-ratelimit-*`` headers of a successful response.
+    """
+
+    request_id: str
+    tenant_id: str
+    key_id: str
+    reserved_tokens: int
+    period: str
+    admitted_at: datetime
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What a finished request actually used (``prompt_tokens`` includes ``cached_tokens``)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+            check_count(getattr(self, name), name)
+        if self.cached_tokens > self.prompt_tokens:
+            raise InvalidInputError("cached_tokens exceeds prompt_tokens", "cached_tokens")
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

@@ -1,0 +1,61 @@
+"""Server secrets kept in the ``settings`` table: the key-HMAC secret and the admin token hash.
+
+Both are created once with insert-if-absent, so concurrent gateway processes agree on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from sqlalchemy import delete, select
+
+from tenants.database import Database
+from tenants.models import Setting
+from tenants.upsert import insert_ignore
+
+KEY_SECRET = "key_hmac_secret"
+ADMIN_TOKEN_HASH = "admin_token_sha256"
+MIN_SECRET_BYTES = 16
+
+
+def _sha256(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+async def _get_or_create(db: Database, key: str, candidate: str) -> str:
+    async with db.transaction() as session:
+        await session.execute(insert_ignore(db, Setting, [{"key": key, "value": candidate}]))
+        value = await session.scalar(select(Setting.value).where(Setting.key == key))
+    return value if value is not None else candidate
+
+
+async def load_key_secret(db: Database, override: bytes | None = None) -> bytes:
+    """The HMAC secret for API keys: ``override`` (from the environment) or the stored one."""
+    if override is not None:
+        if len(override) < MIN_SECRET_BYTES:
+            raise ValueError(f"the key secret needs at least {MIN_SECRET_BYTES} bytes")
+        return override
+    return bytes.fromhex(await _get_or_create(db, KEY_SECRET, secrets.token_hex(32)))
+
+
+async def ensure_admin_token(db: Database, given: str | None) -> str | None:
+    """Store the hash of ``given``; without one, generate a token if none is stored yet.
+
+    Returns the plaintext only when it was generated here (to be shown once), else None.
+    """
+    if given is not None:
+        async with db.transaction() as session:
+            await session.execute(delete(Setting).where(Setting.key == ADMIN_TOKEN_HASH))
+            session.add(Setting(key=ADMIN_TOKEN_HASH, value=_sha256(given)))
+        return None
+    token = "atr-admin-" + secrets.token_urlsafe(32)
+    stored = await _get_or_create(db, ADMIN_TOKEN_HASH, _sha256(token))
+    return token if stored == _sha256(token) else None
+
+
+async def verify_admin_token(db: Database, token: str) -> bool:
+    async with db.sessions() as session:
+        stored = await session.scalar(select(Setting.value).where(Setting.key == ADMIN_TOKEN_HASH))
+    return stored is not None and hmac.compare_digest(_sha256(token), stored)

@@ -1,0 +1,26 @@
+"""Shared fixtures for the whole suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.model.loader import LoadedModel
+from tests.support.tiny_llama import make_tiny_llama
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama (2 layers, hidden 64, 4 heads, 2 KV heads) as an HF directory."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def default_model_fp32() -> LoadedModel:
+    """The default SmolLM2-135M-Instruct in float32 (about ten seconds to load: slow tests only)."""
+    import torch
+
+    from engine.model.loader import load_model
+
+    return load_model("default", dtype=torch.float32)

@@ -1,0 +1,182 @@
+"""A real `atrium serve` with the default model, driven by the official openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+ATRIUM = [sys.executable, "-c", "from web.cli import main; raise SystemExit(main())"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def atrium(*args: str, env: dict[str, str]) -> dict[str, object]:
+    done = subprocess.run(
+        [*ATRIUM, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+class Server:
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "ATRIUM_DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'atrium.db'}",
+            "ATRIUM_ADMIN_TOKEN": "admin-e2e-token",
+            "ATRIUM_USAGE_SPOOL_PATH": str(tmp / "usage.spool"),
+            "ATRIUM_DTYPE": "float32",
+        }
+        self.tenant_ids: dict[str, str] = {}
+
+    def client(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0)
+
+    def key_for(self, tenant: str) -> str:
+        if tenant not in self.tenant_ids:
+            self.tenant_ids[tenant] = str(atrium("tenants", "create", tenant, env=self.env)["id"])
+        return str(atrium("keys", "create", self.tenant_ids[tenant], env=self.env)["key"])
+
+    def admin(self, method: str, path: str, body: object = None) -> httpx.Response:
+        headers = {"Authorization": "Bearer admin-e2e-token"}
+        return httpx.request(method, self.base + path, json=body, headers=headers, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("serve"))
+    proc = subprocess.Popen(
+        [*ATRIUM, "serve", "--port", str(srv.port)],
+        env=srv.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(srv.base + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("atrium serve did not become ready")
+        yield srv
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+
+
+def test_chat_and_completions(server: Server) -> None:
+    client = server.client(server.key_for("acme"))
+    model = client.models.list().data[0].id
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hi"}], max_tokens=8, seed=1
+    )
+    assert chat.choices[0].message.content
+    assert chat.usage is not None and chat.usage.completion_tokens <= 8
+    text = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5)
+    assert text.choices[0].text and text.usage is not None
+
+
+def test_stream_with_usage_equals_non_streamed(server: Server) -> None:
+    client = server.client(server.key_for("acme"))
+    model = client.models.list().data[0].id
+    args = {"model": model, "messages": [{"role": "user", "content": "Count to five"}],
+            "max_tokens": 16, "seed": 7, "temperature": 0.7}  # fmt: skip
+    whole = client.chat.completions.create(**args)  # type: ignore[call-overload]
+    chunks = list(
+        client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})  # type: ignore[call-overload]
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_cached_tokens_are_per_tenant(server: Server) -> None:
+    prompt = "You are a careful assistant. " * 40 + "Answer briefly."
+    messages = [{"role": "user", "content": prompt}]
+    first = server.client(server.key_for("cache-a"))
+    model = first.models.list().data[0].id
+    first.chat.completions.create(model=model, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    again = first.chat.completions.create(model=model, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    other = server.client(server.key_for("cache-b")).chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=1,  # type: ignore[arg-type]
+    )
+    assert again.usage and again.usage.prompt_tokens_details
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    assert other.usage and other.usage.prompt_tokens_details
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_auth_errors(server: Server) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.AuthenticationError):
+        server.client("sk-not-a-key").chat.completions.create(
+            model="default",
+            messages=messages,
+            max_tokens=1,  # type: ignore[arg-type]
+        )
+    key = server.key_for("revoked")
+    keys = server.admin("GET", f"/admin/v1/tenants/{server.tenant_ids['revoked']}/keys").json()
+    for entry in keys if isinstance(keys, list) else keys.get("data", []):
+        server.admin("DELETE", f"/admin/v1/keys/{entry['id']}")
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key).chat.completions.create(
+            model="default",
+            messages=messages,
+            max_tokens=1,  # type: ignore[arg-type]
+        )
+    key = server.key_for("sleepy")
+    server.admin(
+        "PATCH", f"/admin/v1/tenants/{server.tenant_ids['sleepy']}", {"status": "suspended"}
+    )
+    with pytest.raises(openai.PermissionDeniedError):
+        server.client(key).chat.completions.create(
+            model="default",
+            messages=messages,
+            max_tokens=1,  # type: ignore[arg-type]
+        )
+
+
+def test_rate_limit_and_bad_requests(server: Server) -> None:
+    key = server.key_for("limited")
+    quotas = {"quotas": {"requests_per_minute": 1}}
+    patched = server.admin("PATCH", f"/admin/v1/tenants/{server.tenant_ids['limited']}", quotas)
+    assert patched.status_code == 200, patched.text
+    client = server.client(key)
+    messages = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="default", messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(model="default", messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    assert int(info.value.response.headers["retry-after"]) >= 1
+    other = server.client(server.key_for("acme"))
+    with pytest.raises(openai.BadRequestError):
+        other.chat.completions.create(model="default", messages=[], max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        other.chat.completions.create(model="default", messages=messages, temperature=7)  # type: ignore[arg-type]
+    with pytest.raises(openai.NotFoundError):
+        other.chat.completions.create(model="nope", messages=messages)  # type: ignore[arg-type]

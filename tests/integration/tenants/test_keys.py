@@ -1,0 +1,78 @@
+"""API keys: issue, authenticate, revoke (effective on the next call), suspension, deletion."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tenants.errors import InvalidKeyError, TenantSuspendedError
+from tenants.schemas import Quotas, TenantCreate, TenantPatch
+
+
+def test_key_authenticates_until_revoked(open_domain) -> None:
+    async def body() -> None:
+        async with open_domain() as domain:
+            tenant = await domain.tenants.create(
+                TenantCreate(name="acme", weight=2.5, quotas=Quotas(requests_per_minute=7))
+            )
+            info, secret = await domain.keys.create_key(tenant.id, "ci")
+            assert secret.startswith(f"sk-atr-{info.prefix}-")
+            ctx = await domain.keys.authenticate(secret)
+            assert (ctx.tenant_id, ctx.tenant_name, ctx.key_id) == (tenant.id, "acme", info.id)
+            assert ctx.weight == 2.5 and ctx.quotas.requests_per_minute == 7
+            # The listing never carries the secret, and records the use.
+            [listed] = await domain.keys.list_keys(tenant.id)
+            assert secret not in repr(listed) and listed.last_used_at is not None
+            await domain.keys.authenticate(secret)  # now served from the cache
+            await domain.keys.revoke_key(info.id)
+            with pytest.raises(InvalidKeyError):
+                await domain.keys.authenticate(secret)
+
+    asyncio.run(body())
+
+
+def test_wrong_malformed_and_foreign_keys_are_rejected(open_domain) -> None:
+    async def body() -> None:
+        async with open_domain() as domain:
+            tenant = await domain.tenants.create(TenantCreate(name="acme"))
+            _, secret = await domain.keys.create_key(tenant.id)
+            forged = secret[:-1] + ("a" if secret[-1] != "a" else "b")  # right prefix, bad hash
+            other = f"sk-atr-{'z' * 10}-{'q' * 40}"
+            for bad in (forged, other, "sk-atr-short", "", "Bearer " + secret):
+                with pytest.raises(InvalidKeyError):
+                    await domain.keys.authenticate(bad)
+
+    asyncio.run(body())
+
+
+def test_revocation_reaches_another_process_within_the_cache_ttl(open_domain, clock) -> None:
+    async def body() -> None:
+        async with open_domain() as gateway_a, open_domain() as gateway_b:
+            tenant = await gateway_a.tenants.create(TenantCreate(name="acme"))
+            info, secret = await gateway_a.keys.create_key(tenant.id)
+            await gateway_b.keys.authenticate(secret)
+            await gateway_a.keys.revoke_key(info.id)
+            await asyncio.sleep(1.05)  # gateway_b's cache entry expires
+            with pytest.raises(InvalidKeyError):
+                await gateway_b.keys.authenticate(secret)
+
+    asyncio.run(body())
+
+
+def test_suspended_tenant_is_refused_and_deleted_tenant_loses_its_keys(open_domain) -> None:
+    async def body() -> None:
+        async with open_domain() as domain:
+            tenant = await domain.tenants.create(TenantCreate(name="acme"))
+            _, secret = await domain.keys.create_key(tenant.id)
+            await domain.keys.authenticate(secret)
+            await domain.tenants.update(tenant.id, TenantPatch(status="suspended"))
+            with pytest.raises(TenantSuspendedError):
+                await domain.keys.authenticate(secret)
+            await domain.tenants.update(tenant.id, TenantPatch(status="active"))
+            assert (await domain.keys.authenticate(secret)).status == "active"
+            await domain.tenants.delete(tenant.id)
+            with pytest.raises(InvalidKeyError):
+                await domain.keys.authenticate(secret)
+
+    asyncio.run(body())

@@ -1,0 +1,73 @@
+"""Migrations: upgrade from empty, downgrade to nothing, and the append-only triggers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import DBAPIError
+
+from tenants import Database
+
+TABLES = {
+    "tenants",
+    "api_keys",
+    "usage_events",
+    "usage_rollups",
+    "token_budgets",
+    "reservations",
+    "rate_buckets",
+    "prices",
+    "audit_log",
+    "settings",
+}
+
+
+async def _tables(db: Database) -> set[str]:
+    async with db.engine.connect() as conn:
+        names = await conn.run_sync(lambda sync: inspect(sync).get_table_names())
+    return set(names) - {"alembic_version"}
+
+
+async def _round_trip(url: str) -> None:
+    db = await Database.connect(url)
+    try:
+        assert await db.current() is None
+        assert await _tables(db) == set()
+        await db.upgrade()
+        assert await db.current() == "0001"
+        assert await _tables(db) == TABLES
+        await db.downgrade("base")
+        assert await db.current() is None
+        assert await _tables(db) == set()
+        await db.upgrade()
+        assert await _tables(db) == TABLES
+        assert await db.ping()
+    finally:
+        await db.close()
+
+
+def test_upgrade_from_empty_then_downgrade_to_nothing(empty_db_url: str) -> None:
+    asyncio.run(_round_trip(empty_db_url))
+
+
+def test_audit_rows_and_usage_events_refuse_update_and_delete(db_url: str) -> None:
+    async def body() -> None:
+        db = await Database.connect(db_url)
+        try:
+            async with db.engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        "INSERT INTO audit_log (at, actor, action, target) "
+                        "VALUES ('2031-01-01 00:00:00', 'a', 'x', 't')"
+                    )
+                )
+            for sql in ("UPDATE audit_log SET actor = 'b'", "DELETE FROM audit_log"):
+                with pytest.raises(DBAPIError, match="append-only"):
+                    async with db.engine.begin() as conn:
+                        await conn.execute(text(sql))
+        finally:
+            await db.close()
+
+    asyncio.run(body())

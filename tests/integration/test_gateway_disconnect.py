@@ -1,0 +1,98 @@
+"""A client leaving mid-stream aborts the engine request and still records its usage once;
+a draining gateway refuses new work with 503 and Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar
+from litestar.testing import TestClient
+
+from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy, settings
+from web.app import create_app
+from web.service_generation import GenerationService
+
+
+async def stream_then_leave(app: Litestar, body: dict[str, Any], keep_chunks: int) -> list[bytes]:
+    """Send one request over raw ASGI and disconnect after ``keep_chunks`` body chunks."""
+    received: list[bytes] = []
+    enough = asyncio.Event()
+    sent_request = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_request
+        if not sent_request:
+            sent_request = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await enough.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            received.append(message["body"])
+            if len(received) >= keep_chunks:
+                enough.set()
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {KEY_A}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+        "client": ("127.0.0.1", 1234),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
+    }
+    async with app.lifespan():
+        await app(scope, receive, send)  # type: ignore[arg-type]
+        service: GenerationService = app.state.generation
+        for _ in range(100):
+            if not service.active and not service._tasks:
+                break
+            await asyncio.sleep(0.02)
+    return received
+
+
+def test_disconnect_aborts_and_records_partial_usage(tiny_llama_dir: Path) -> None:
+    runtime, engine = make_runtime(tiny_llama_dir, delay_s=0.02)
+    tenancy = make_tenancy()
+    app = create_app(settings(), engine=runtime, store=tenancy, include_admin=False)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
+            "stream": True}  # fmt: skip
+    received = asyncio.run(stream_then_leave(app, body, keep_chunks=4))
+    assert b"[DONE]" not in b"".join(received)
+    assert len(engine.aborted) == 1
+    assert len(tenancy.usage) == 1
+    usage = tenancy.usage[0]
+    assert usage.request_id == engine.aborted[0]
+    assert usage.status == "disconnect"
+    assert 1 <= usage.completion_tokens < 200
+    assert tenancy.running["tenant-a"] == 0  # the reservation was settled
+
+
+def test_draining_gateway_refuses_new_requests(tiny_llama_dir: Path) -> None:
+    runtime, engine = make_runtime(tiny_llama_dir)
+    app = create_app(settings(), engine=runtime, store=make_tenancy(), include_admin=False)
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 2}
+    with TestClient(app) as client:
+        service: GenerationService = app.state.generation
+        asyncio.run(service.drain(0.0))
+        response = client.post(
+            "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY_A}"}
+        )
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert response.json()["error"]["code"] == "draining"
+        assert client.get("/readyz").status_code == 503
+    assert engine.requests == []

@@ -1,0 +1,360 @@
+"""Scheduler properties on a simulated KV cache: budget, fairness to decodes, no leaks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.policy import FifoPolicy
+from engine.request import Request, RequestStatus, owner_tag
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from radix_cache.errors import OutOfPagesError
+from radix_cache.page_pool import FREE, PagePool
+from radix_cache.prefix_cache import (
+    InsertResult,
+    MatchResult,
+    NoPrefixCache,
+    PrefixCache,
+    tenant_namespace,
+)
+
+Node = tuple[str, tuple[int, ...]]
+
+
+class DictPrefixCache(PrefixCache):
+    """A small prefix cache keyed by whole-page token prefixes (a node is its full key)."""
+
+    def __init__(self, pool: PagePool, page_size: int) -> None:
+        super().__init__(pool, page_size)
+        self.pages: dict[Node, int] = {}
+        self.locks: Counter[Node] = Counter()
+
+    def _keys(self, node: object | None) -> list[Node]:
+        if node is None:
+            return []
+        assert isinstance(node, tuple)
+        namespace, tokens = node
+        size = self.page_size
+        return [(namespace, tokens[: k * size]) for k in range(1, len(tokens) // size + 1)]
+
+    @property
+    def num_available_pages(self) -> int:
+        return self.pool.num_free_pages + sum(1 for k in self.pages if self.locks[k] == 0)
+
+    def match(
+        self, namespace: str, tokens: Sequence[int], allow_public: bool = True
+    ) -> MatchResult:
+        page_ids: list[int] = []
+        size = self.page_size
+        while (namespace, tuple(tokens[: (len(page_ids) + 1) * size])) in self.pages and (
+            len(page_ids) + 1
+        ) * size <= len(tokens):
+            page_ids.append(self.pages[(namespace, tuple(tokens[: (len(page_ids) + 1) * size]))])
+        if not page_ids:
+            return MatchResult([], 0, None, namespace)
+        node = (namespace, tuple(tokens[: len(page_ids) * size]))
+        return MatchResult(page_ids, len(page_ids) * size, node, namespace)
+
+    def lock(self, node: object | None) -> None:
+        for key in self._keys(node):
+            self.locks[key] += 1
+
+    def unlock(self, node: object | None) -> None:
+        for key in self._keys(node):
+            self.locks[key] -= 1
+            assert self.locks[key] >= 0, "unlock without lock"
+
+    def allocate(self, num_pages: int, owner: str, namespace: str) -> list[int]:
+        while self.pool.num_free_pages < num_pages:
+            leaves = [
+                key
+                for key in self.pages
+                if self.locks[key] == 0
+                and not any(
+                    o[0] == key[0] and len(o[1]) > len(key[1]) and o[1][: len(key[1])] == key[1]
+                    for o in self.pages
+                )
+            ]
+            if not leaves:
+                raise OutOfPagesError("nothing evictable")
+            self.pool.free([self.pages.pop(leaves[0])])
+        return self.pool.allocate(num_pages, owner)
+
+    def cache(
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        page_ids: Sequence[int],
+        owner: str,
+        locked_node: object | None,
+    ) -> InsertResult:
+        result: list[int] = []
+        num_cached = 0
+        for k, page in enumerate(page_ids):
+            key = (namespace, tuple(tokens[: (k + 1) * self.page_size]))
+            if key in self.pages:
+                num_cached += self.page_size
+                if page != self.pages[key] and self.pool.owner(page) == owner:
+                    self.pool.free([page])
+            else:
+                assert self.pool.owner(page) == owner
+                self.pool.transfer([page], namespace)
+                self.pages[key] = page
+            result.append(self.pages[key])
+        node: Node = (namespace, tuple(tokens))
+        self.lock(node)
+        self.unlock(locked_node)
+        return InsertResult(result, num_cached, node)
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        for (namespace, _), page in self.pages.items():
+            assert self.pool.owner(page) == namespace
+        assert all(v >= 0 for v in self.locks.values())
+
+
+@dataclass
+class Simulation:
+    """Drives a scheduler like the engine does, without a model, checking every step."""
+
+    cache: PrefixCache
+    budget: int
+    max_num_seqs: int
+    scheduler: Scheduler = field(init=False)
+    kv: dict[int, dict[int, int]] = field(default_factory=dict)  # page -> slot -> token
+    finished: Counter[str] = field(default_factory=Counter)
+    num_steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(self.cache, FifoPolicy(), self.budget, self.max_num_seqs)
+
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, tenant: str = "t"
+    ) -> Request:
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+            tenant_id=tenant,
+            namespace=tenant_namespace(tenant),
+            owner=owner_tag(request_id),
+            arrival_index=0,
+        )
+        self.scheduler.add(request)
+        return request
+
+    def step(self) -> SchedulerOutput:
+        sched = self.scheduler
+        decoding = {r.request_id for r in sched.running if r.num_remaining_tokens == 1}
+        out = sched.schedule()
+        self.num_steps += 1
+        ids = [s.request.request_id for s in out.seqs]
+        assert len(ids) == len(set(ids)), "a request scheduled twice in one step"
+        assert sum(s.num_new_tokens for s in out.seqs) == out.num_batched_tokens <= self.budget
+        assert len(out.seqs) <= self.max_num_seqs
+        left = {r.request_id for r in out.preempted + out.finished}
+        missing = decoding - set(ids) - left
+        assert not missing, f"running decodes skipped a step: {missing}"
+        size = self.cache.page_size
+        for seq in out.seqs:
+            request = seq.request
+            assert seq.num_new_tokens >= 1
+            start = request.num_computed_tokens
+            end = start + seq.num_new_tokens
+            assert len(request.block_table) * size >= end
+            self.cache.check_owner(request.block_table, request.namespace, request.owner)
+            for pos in range(start):  # the KV already there is this request's own tokens
+                page = request.block_table[pos // size]
+                assert self.kv[page][pos % size] == request.all_token_ids[pos], "stale KV"
+            for pos in range(start, end):
+                page = request.block_table[pos // size]
+                assert self.cache.pool.owner(page) == request.owner, "writing a shared page"
+                self.kv.setdefault(page, {})[pos % size] = request.all_token_ids[pos]
+            assert seq.sample == (end == request.num_tokens)
+        sched.postprocess(out)
+        for request in out.finished:
+            self.finished[request.request_id] += 1
+        for seq in out.seqs:
+            request = seq.request
+            if not seq.sample or request.is_finished:
+                continue
+            request.append_token((request.num_tokens * 7 + 3) % 50)
+            if request.num_output_tokens >= request.params.max_tokens:
+                sched.finish(request, "length")
+                self.finished[request.request_id] += 1
+        self.cache.check_integrity()
+        return out
+
+    def abort(self, request: Request) -> None:
+        if not request.is_finished:
+            self.scheduler.finish(request, "abort")
+            self.finished[request.request_id] += 1
+
+    def run(self, max_steps: int = 5000) -> None:
+        while self.scheduler.has_unfinished and self.num_steps < max_steps:
+            self.step()
+        assert not self.scheduler.has_unfinished, "requests stuck"
+
+    def assert_no_leaks(self) -> None:
+        pool = self.cache.pool
+        for page in range(pool.num_pages):
+            assert not pool.owner(page).startswith("req:"), f"page {page} leaked"
+        if isinstance(self.cache, DictPrefixCache):
+            assert all(v == 0 for v in self.cache.locks.values()), "a lock was never released"
+            assert self.cache.num_available_pages == pool.num_pages
+        else:
+            assert pool.num_free_pages == pool.num_pages
+
+
+def make_cache(use_tree: bool, num_pages: int, page_size: int) -> PrefixCache:
+    pool = PagePool(num_pages)
+    return DictPrefixCache(pool, page_size) if use_tree else NoPrefixCache(pool, page_size)
+
+
+request_specs = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),  # tenant
+        st.integers(0, 2),  # which shared prefix
+        st.integers(0, 30),  # own tail length
+        st.integers(1, 10),  # max_tokens
+        st.integers(0, 6),  # arrival step
+        st.one_of(st.none(), st.integers(0, 40)),  # abort at step
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    specs=request_specs,
+    use_tree=st.booleans(),
+    page_size=st.sampled_from([1, 2, 4]),
+    num_pages=st.integers(12, 48),
+    budget=st.integers(8, 64),
+    max_num_seqs=st.integers(1, 8),
+)
+def test_random_workloads_keep_every_invariant(
+    specs: list[tuple[str, int, int, int, int, int | None]],
+    use_tree: bool,
+    page_size: int,
+    num_pages: int,
+    budget: int,
+    max_num_seqs: int,
+) -> None:
+    cache = make_cache(use_tree, num_pages, page_size)
+    sim = Simulation(cache, budget, max_num_seqs)
+    capacity = num_pages * page_size
+    prefixes = [[], list(range(100, 112)), list(range(200, 205))]
+    requests: list[tuple[int, int | None, list[int], int, str, str]] = []
+    for i, (tenant, prefix, tail, max_tokens, arrive, abort_at) in enumerate(specs):
+        prompt = (prefixes[prefix] + [(i * 13 + j) % 97 for j in range(tail)])[:capacity] or [1]
+        requests.append((arrive, abort_at, prompt, max_tokens, tenant, f"r{i}"))
+    live: dict[str, Request] = {}
+    while sim.num_steps < 5000:
+        for arrive, _, prompt, max_tokens, tenant, rid in requests:
+            if arrive == sim.num_steps:
+                live[rid] = sim.add(rid, prompt, max_tokens, tenant)
+        for _, abort_at, *_, rid in requests:
+            if abort_at == sim.num_steps and rid in live:
+                sim.abort(live[rid])
+        if sim.num_steps > 6 and not sim.scheduler.has_unfinished:
+            break
+        sim.step()
+    assert not sim.scheduler.has_unfinished, "requests stuck"
+    assert set(sim.finished) == {rid for *_, rid in requests}, "a request was lost"
+    assert all(n == 1 for n in sim.finished.values()), "a request finished twice"
+    for request in live.values():
+        if request.finish_reason == "length" and request.num_tokens < capacity:
+            assert request.num_output_tokens == request.params.max_tokens
+    sim.assert_no_leaks()
+
+
+def test_long_prompt_is_chunked_and_decodes_are_never_stalled() -> None:
+    sim = Simulation(make_cache(False, 64, 4), budget=16, max_num_seqs=4)
+    short = sim.add("short", [1, 2, 3], max_tokens=20)
+    sim.step()
+    long = sim.add("long", list(range(150)), max_tokens=2)
+    chunks = []
+    while long.num_output_tokens == 0:
+        before = short.num_output_tokens
+        out = sim.step()
+        chunks += [s.num_new_tokens for s in out.seqs if s.request is long]
+        assert short.num_output_tokens == before + 1  # one token every step
+    assert len(chunks) >= 150 // 16
+    assert max(chunks) <= 15  # the decode took one token of the budget
+    sim.run()
+    sim.assert_no_leaks()
+
+
+def test_chunks_shrink_under_memory_pressure() -> None:
+    sim = Simulation(make_cache(False, 6, 4), budget=64, max_num_seqs=4)
+    hog = sim.add("hog", list(range(12)), max_tokens=3)
+    sim.step()  # hog holds 3 of the 6 pages
+    big = sim.add("big", list(range(20, 40)), max_tokens=1)
+    out = sim.step()
+    (chunk,) = [s.num_new_tokens for s in out.seqs if s.request is big]
+    assert chunk == 8  # the two pages left, not the whole prompt, and no error
+    sim.run()
+    assert hog.num_output_tokens == 3
+    assert big.num_output_tokens == 1
+    sim.assert_no_leaks()
+
+
+@pytest.mark.parametrize("use_tree", [False, True])
+def test_decode_without_pages_preempts_latest_admitted(use_tree: bool) -> None:
+    sim = Simulation(make_cache(use_tree, 6, 2), budget=32, max_num_seqs=4)
+    names = ["first", "second", "third"]
+    requests = [sim.add(name, [i, 2, 3, 4], max_tokens=4) for i, name in enumerate(names)]
+    preempted: list[str] = []
+    while sim.scheduler.has_unfinished:
+        out = sim.step()
+        preempted += [r.request_id for r in out.preempted]
+    assert preempted and preempted[0] == "third"
+    assert requests[0].num_preemptions == 0
+    assert all(r.num_output_tokens == 4 for r in requests)  # the victim recomputed and went on
+    sim.assert_no_leaks()
+
+
+def test_sequence_outgrowing_the_whole_cache_ends_with_length() -> None:
+    sim = Simulation(make_cache(False, 2, 2), budget=8, max_num_seqs=2)
+    request = sim.add("r", [1, 2, 3], max_tokens=10)
+    sim.run()
+    assert request.finish_reason == "length"
+    assert request.num_tokens == 5  # 4 tokens of KV fit; the 5th was sampled from them
+    sim.assert_no_leaks()
+
+
+def test_admission_reuses_a_cached_prefix_of_the_same_tenant_only() -> None:
+    cache = make_cache(True, 32, 4)
+    sim = Simulation(cache, budget=64, max_num_seqs=4)
+    prompt = list(range(10, 23))
+    sim.add("a1", prompt, max_tokens=1, tenant="a")
+    sim.run()
+    again = sim.add("a2", prompt, max_tokens=1, tenant="a")
+    other = sim.add("b1", prompt, max_tokens=1, tenant="b")
+    out = sim.step()
+    chunks = {s.request.request_id: s.num_new_tokens for s in out.seqs}
+    assert again.num_cached_tokens == 12 and chunks["a2"] == 1
+    assert other.num_cached_tokens == 0 and chunks["b1"] == 13
+    sim.run()
+    sim.assert_no_leaks()
+
+
+def test_abort_of_waiting_and_running_requests_returns_pages() -> None:
+    sim = Simulation(make_cache(False, 8, 4), budget=8, max_num_seqs=1)
+    running = sim.add("run", list(range(10)), max_tokens=5)
+    waiting = sim.add("wait", list(range(5)), max_tokens=5)
+    sim.step()
+    assert running.status is RequestStatus.RUNNING and waiting.status is RequestStatus.WAITING
+    sim.abort(waiting)
+    sim.abort(running)
+    assert not sim.scheduler.has_unfinished
+    assert sim.cache.pool.owner(0) == FREE
+    sim.assert_no_leaks()

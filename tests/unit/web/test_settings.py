@@ -1,0 +1,52 @@
+"""Settings: defaults, ATRIUM_* variables, flags over variables, and rejected values."""
+
+from __future__ import annotations
+
+import pytest
+
+from web.settings import Settings, SettingsError
+
+
+def test_defaults_match_the_contract() -> None:
+    settings = Settings.load(environ={})
+    assert (settings.host, settings.port, settings.model) == ("127.0.0.1", 8000, "default")
+    assert settings.database_url == "sqlite+aiosqlite:///./atrium.db"
+    assert settings.admin_token is None
+
+
+def test_environment_is_parsed_into_typed_fields() -> None:
+    env = {
+        "ATRIUM_PORT": "9001",
+        "ATRIUM_DATABASE_URL": "postgresql+asyncpg://db/atrium",
+        "ATRIUM_DRAIN_GRACE_S": "2.5",
+        "ATRIUM_MAX_NUM_BATCHED_TOKENS": "256",
+        "ATRIUM_ADMIN_TOKEN": "t0ken",
+        "UNRELATED": "x",
+    }
+    settings = Settings.load(environ=env)
+    assert settings.port == 9001
+    assert settings.database_url.startswith("postgresql")
+    assert settings.drain_grace_s == 2.5
+    assert settings.max_num_batched_tokens == 256
+    assert settings.admin_token == "t0ken"
+
+
+def test_flags_override_environment_and_none_means_unset() -> None:
+    settings = Settings.load({"port": 7000, "host": None}, environ={"ATRIUM_PORT": "9001"})
+    assert settings.port == 7000
+    assert settings.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"ATRIUM_PORT": "eighty"},
+        {"ATRIUM_PORT": "70000"},
+        {"ATRIUM_DTYPE": "int4"},
+        {"ATRIUM_DEVICE": "tpu"},
+        {"ATRIUM_MAX_BODY_BYTES": "0"},
+    ],
+)
+def test_bad_values_are_rejected(env: dict[str, str]) -> None:
+    with pytest.raises(SettingsError):
+        Settings.load(environ=env)

@@ -1,0 +1,38 @@
+"""The admin API under ``/admin/v1`` (CONTRACT.md §3), behind the admin guard."""
+
+from __future__ import annotations
+
+from litestar import Router
+
+from web.admin.audit_controller import list_audit
+from web.admin.auth import admin_guard
+from web.admin.engine_controller import engine_status, publish_prefix
+from web.admin.keys_controller import KeysController
+from web.admin.tenants_controller import TenantsController
+from web.admin.usage_controller import (
+    billing_export,
+    billing_manifest,
+    list_prices,
+    set_price,
+    usage,
+)
+
+admin_router = Router(
+    path="/admin/v1",
+    guards=[admin_guard],
+    route_handlers=[
+        TenantsController,
+        KeysController,
+        usage,
+        billing_export,
+        billing_manifest,
+        set_price,
+        list_prices,
+        list_audit,
+        engine_status,
+        publish_prefix,
+    ],
+    include_in_schema=False,
+)
+
+__all__ = ["admin_router"]

@@ -1,0 +1,72 @@
+"""Turns the engine's `EngineSnapshot` into the admin API's `EngineState` (with tenant names).
+
+Tokens/s is measured between two polls from the engine's cumulative token counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.stats import EngineSnapshot
+from web.admin.schemas import EngineState, TenantEngineState
+
+MIN_INTERVAL_S = 0.5
+
+
+@dataclass(slots=True)
+class TokenRate:
+    """Tokens per second between successive samples of a cumulative counter."""
+
+    last_at: float | None = None
+    last_tokens: int = 0
+    rate: float = 0.0
+
+    def sample(self, tokens: int, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        if self.last_at is None or tokens < self.last_tokens:
+            self.last_at, self.last_tokens = now, tokens
+        elif now - self.last_at >= MIN_INTERVAL_S:
+            self.rate = (tokens - self.last_tokens) / (now - self.last_at)
+            self.last_at, self.last_tokens = now, tokens
+        return self.rate
+
+
+def processed_tokens(snapshot: EngineSnapshot) -> int:
+    counters = snapshot.counters
+    return counters.num_prefill_tokens + counters.num_generated_tokens
+
+
+def hit_rate(snapshot: EngineSnapshot) -> float | None:
+    """Share of prompt tokens served from the prefix cache since start."""
+    counters = snapshot.counters
+    prompt = counters.num_prefill_tokens + counters.num_cached_tokens
+    return counters.num_cached_tokens / prompt if prompt else None
+
+
+def to_engine_state(
+    snapshot: EngineSnapshot, names: Mapping[str, str], tokens_per_s: float
+) -> EngineState:
+    tenant_ids = set(snapshot.running_by_tenant) | set(snapshot.waiting_by_tenant)
+    tenants = [
+        TenantEngineState(
+            tenant_id=tenant_id,
+            tenant_name=names.get(tenant_id),
+            running=snapshot.running_by_tenant.get(tenant_id, 0),
+            waiting=snapshot.waiting_by_tenant.get(tenant_id, 0),
+            kv_pages_cached=0,  # the snapshot has no per-tenant page counts yet
+            hit_rate=None,
+        )
+        for tenant_id in tenant_ids
+    ]
+    tenants.sort(key=lambda t: t.tenant_name or t.tenant_id)
+    return EngineState(
+        tokens_per_s=tokens_per_s,
+        num_running=snapshot.num_running,
+        num_waiting=snapshot.num_waiting,
+        kv_pages_total=snapshot.num_pages_total,
+        kv_pages_free=snapshot.num_pages_free,
+        hit_rate=hit_rate(snapshot),
+        tenants=tenants,
+    )

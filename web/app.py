@@ -1,0 +1,159 @@
+"""The gateway's app factory: routes, the one error mapping, and what lives on ``app.state``."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from litestar import Litestar, Router
+from litestar.datastructures import State
+from litestar.types import ControllerRouterHandler
+from opentelemetry.sdk.trace import SpanProcessor
+
+from web import health, routes_openai
+from web.errors import handle_exception
+from web.metrics import GatewayMetrics
+from web.service_generation import GenerationService, ModelRuntime
+from web.settings import Settings
+from web.tenancy import Tenancy
+from web.tracing import make_tracer_provider
+
+log = structlog.get_logger("atrium.web")
+Closer = Callable[[], Awaitable[None]]
+
+
+def _admin_routers() -> list[ControllerRouterHandler]:
+    """The admin API's router when its package provides one (it is optional for the gateway)."""
+    try:
+        module = importlib.import_module("web.admin")
+    except ImportError:
+        return []
+    router = getattr(module, "admin_router", None)
+    return [router] if isinstance(router, Router) else []
+
+
+async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
+    """Load the model named by ``settings`` (off the event loop) and start an engine on it."""
+    import torch
+
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.model.loader import load_model
+    from radix_cache import RadixPrefixCache
+
+    device = settings.resolved_device
+    loaded = await asyncio.to_thread(
+        load_model, settings.model, getattr(torch, settings.dtype), device
+    )
+    config = EngineConfig(
+        kv_cache_bytes=settings.kv_cache_bytes,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+        dtype=settings.dtype,
+        device=device,
+    )
+    llm = await asyncio.to_thread(LLMEngine, loaded, config, prefix_cache_factory=RadixPrefixCache)
+    engine = AsyncEngine(llm)
+    engine.start()
+    runtime = ModelRuntime(
+        name=loaded.name,
+        engine=engine,
+        tokenizer=loaded.tokenizer,
+        max_model_len=llm.max_model_len,
+        aliases=("default",) if settings.model == "default" else (),
+        stats=lambda: engine_numbers(engine.stats()),
+    )
+    return runtime, engine, engine.shutdown
+
+
+def engine_numbers(snapshot: Any) -> dict[str, object]:
+    """The gauges /metrics shows, from the engine's snapshot."""
+    total = int(getattr(snapshot, "num_pages_total", 0))
+    free = int(getattr(snapshot, "num_pages_free", 0))
+    available = int(getattr(snapshot, "num_pages_available", free))
+    return {
+        "num_waiting": getattr(snapshot, "num_waiting", 0),
+        "num_running": getattr(snapshot, "num_running", 0),
+        "num_pages_total": total,
+        "num_pages_used": total - free,
+        "num_pages_cached": available - free,
+    }
+
+
+async def connect_tenancy(settings: Settings, state: State) -> tuple[Tenancy, Closer]:
+    from web.tenancy import connect_sql_tenancy
+
+    return await connect_sql_tenancy(settings, state)
+
+
+def create_app(
+    settings: Settings,
+    engine: ModelRuntime | None = None,
+    store: Tenancy | None = None,
+    *,
+    span_processor: SpanProcessor | None = None,
+    include_admin: bool = True,
+) -> Litestar:
+    """The gateway app. Without ``engine`` the model is loaded at startup from ``settings``;
+    without ``store`` the tenant database at ``settings.database_url`` is used."""
+    admin = _admin_routers() if include_admin else []
+    metrics = GatewayMetrics()
+    provider = make_tracer_provider(settings.otlp_endpoint, span_processor)
+    state = State(
+        {
+            "settings": settings,
+            "metrics": metrics,
+            "tracer_provider": provider,
+            "generation": None,
+            "tenancy": None,
+            "engine": None,
+        }
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        closers: list[Closer] = []
+        try:
+            runtime = engine
+            if runtime is None:
+                runtime, raw_engine, close_engine = await load_runtime(settings)
+                closers.append(close_engine)
+                app.state.engine = raw_engine
+            tenancy = store
+            if tenancy is None:
+                tenancy, close_tenancy = await connect_tenancy(settings, app.state)
+                closers.append(close_tenancy)
+            service = GenerationService(
+                runtime,
+                tenancy,
+                metrics,
+                provider.get_tracer("atrium.web"),
+                default_max_tokens_cap=settings.default_max_tokens_cap,
+                retry_after_s=settings.retry_after_s,
+            )
+            app.state.tenancy = tenancy
+            app.state.generation = service
+            log.info("gateway_ready", model=runtime.name, max_model_len=runtime.max_model_len)
+            yield
+            await service.drain(settings.drain_grace_s)
+            await tenancy.close()
+        finally:
+            for close in reversed(closers):
+                await close()
+            provider.shutdown()
+            log.info("gateway_stopped")
+
+    return Litestar(
+        route_handlers=[*routes_openai.ROUTES, *health.ROUTES, *admin],
+        exception_handlers={Exception: handle_exception},
+        lifespan=[lifespan],
+        state=state,
+        request_max_body_size=settings.max_body_bytes,
+        logging_config=None,
+    )

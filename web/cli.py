@@ -1,0 +1,63 @@
+"""The ``atrium`` command line: finds every ``web.cli_*`` module and lets it register subcommands.
+
+A subcommand module exposes ``register(subparsers)`` and sets ``func(args) -> int`` as default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+import web
+from web.logging import configure_logging
+
+EXIT_USAGE = 2
+
+
+def env_default(name: str, default: str | None = None) -> str | None:
+    """The default of a flag: its ``ATRIUM_*`` environment twin when set."""
+    value = os.environ.get(name)
+    return default if value is None or value == "" else value
+
+
+def env_flag(name: str) -> bool:
+    return (os.environ.get(name) or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atrium", description="Multi-tenant LLM serving")
+    parser.add_argument(
+        "--log-level",
+        default=env_default("ATRIUM_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning"],
+        help="structlog level (env ATRIUM_LOG_LEVEL)",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_info in sorted(pkgutil.iter_modules(web.__path__), key=lambda m: m.name):
+        if not module_info.name.startswith("cli_"):
+            continue
+        module = importlib.import_module(f"web.{module_info.name}")
+        register = getattr(module, "register", None)
+        if callable(register):
+            register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    status = func(args)
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

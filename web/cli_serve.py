@@ -1,0 +1,91 @@
+"""`atrium serve`: the gateway with its in-process engine under uvicorn, drained on SIGINT/SIGTERM.
+
+The first signal stops admissions (new requests get 503 with Retry-After) while running requests
+finish within the grace period (the rest are aborted); then the server stops and usage is flushed.
+A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from types import FrameType
+from typing import Any
+
+import structlog
+import uvicorn
+from litestar import Litestar
+
+from web.app import create_app
+from web.logging import configure_logging
+from web.settings import Settings, SettingsError
+
+log = structlog.get_logger("atrium.serve")
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose shutdown signal first drains the generation service."""
+
+    def __init__(self, config: uvicorn.Config, app: Litestar, grace_s: float) -> None:
+        super().__init__(config)
+        self._app = app
+        self._grace_s = grace_s
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        service = self._app.state.get("generation")
+        if self._drain_task is not None or service is None:
+            # Second signal, or nothing started yet: stop now.
+            self.force_exit = self.should_exit and sig == signal.SIGINT
+            self.should_exit = True
+            return
+        log.info("drain_started", signal=signal.Signals(sig).name, grace_s=self._grace_s)
+        service.draining = True  # runs on the loop's thread: refuse new work from now on
+        loop = asyncio.get_running_loop()
+        self._drain_task = loop.create_task(self._drain(service))
+
+    async def _drain(self, service: Any) -> None:
+        try:
+            await service.drain(self._grace_s)
+        finally:
+            log.info("drain_finished")
+            self.should_exit = True
+
+
+def register(subparsers: Any) -> None:
+    """Add `serve` to the `atrium` command line."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve", help="start the OpenAI-compatible gateway with the engine in-process"
+    )
+    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    parser.add_argument("--model", default=None, help="'default' or a model dir / .gguf file")
+    parser.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--database-url", dest="database_url", default=None)
+    parser.add_argument("--device", default=None, help="auto, cpu or cuda")
+    parser.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    flags = {name: getattr(args, name, None) for name in Settings.__struct_fields__}
+    try:
+        settings = Settings.load(flags)
+    except SettingsError as exc:
+        print(f"atrium serve: {exc}")
+        return 2
+    configure_logging(settings.log_level)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    server = DrainingServer(config, app, settings.drain_grace_s)
+    log.info("serve_starting", host=settings.host, port=settings.port, model=settings.model)
+    server.run()
+    return 0 if server.started else 1

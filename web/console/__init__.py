@@ -1,0 +1,38 @@
+"""The admin web console under ``/admin/`` (CONTRACT.md §4): pages, sign-in, static assets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from litestar import Router
+from litestar.static_files import create_static_files_router
+
+from web.console.pages import (
+    audit_page,
+    billing_page,
+    keys_page,
+    overview,
+    tenants_page,
+    usage_page,
+)
+from web.console.signin import sign_in, sign_out
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+console_router = Router(
+    path="/admin",
+    route_handlers=[
+        overview,
+        tenants_page,
+        keys_page,
+        usage_page,
+        billing_page,
+        audit_page,
+        sign_in,
+        sign_out,
+        create_static_files_router(path="/static", directories=[STATIC_DIR], name="console_static"),
+    ],
+    include_in_schema=False,
+)
+
+__all__ = ["console_router"]

@@ -1,0 +1,48 @@
+"""Operations endpoints: `/healthz` (process up), `/readyz` (model and database), `/metrics`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+
+from web.metrics import CONTENT_TYPE, GatewayMetrics
+from web.tenancy import Tenancy
+
+
+@get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@get("/readyz")
+async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, object]]:
+    state = request.app.state
+    model_loaded = state.get("generation") is not None
+    tenancy: Tenancy | None = state.get("tenancy")
+    try:
+        database = tenancy is not None and await tenancy.ready()
+    except Exception:
+        database = False
+    draining = bool(model_loaded and state.generation.draining)
+    ready = model_loaded and database and not draining
+    body: dict[str, object] = {
+        "status": "ready" if ready else "unavailable",
+        "model_loaded": model_loaded,
+        "database": database,
+        "draining": draining,
+    }
+    return Response(body, status_code=200 if ready else 503)
+
+
+@get("/metrics")
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    registry: GatewayMetrics = request.app.state.metrics
+    generation = request.app.state.get("generation")
+    stats = generation.runtime.stats if generation is not None else None
+    if stats is not None:
+        registry.update_engine(stats())
+    return Response(registry.render(), media_type=CONTENT_TYPE)
+
+
+ROUTES = [healthz, readyz, metrics]

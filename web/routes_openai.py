@@ -1,0 +1,144 @@
+"""The OpenAI-compatible tenant API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from litestar import Request, Response, get, post
+from litestar.response import Stream
+
+from engine.outputs import RequestOutput
+from web import openai_schemas as schemas
+from web import sse
+from web.errors import ApiError
+from web.service_generation import GenerationService, Job
+from web.tenancy import Principal, Tenancy
+
+
+def _service(request: Request[Any, Any, Any]) -> GenerationService:
+    service: GenerationService = request.app.state.generation
+    return service
+
+
+async def _authenticate(request: Request[Any, Any, Any]) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(
+            401,
+            "You didn't provide an API key: send `Authorization: Bearer <key>`.",
+            code="invalid_api_key",
+        )
+    tenancy: Tenancy = request.app.state.tenancy
+    principal = await tenancy.authenticate(secret.strip())
+    structlog.contextvars.bind_contextvars(tenant_id=principal.tenant_id)
+    return principal
+
+
+def _new_request_id(prefix: str) -> str:
+    request_id = f"{prefix}-{secrets.token_hex(12)}"
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    return request_id
+
+
+async def _first(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """The first output, awaited before any byte is sent so that early failures are HTTP errors."""
+    async for out in outputs:
+        return out
+    raise ApiError(503, "The engine ended the request without output.", code="engine_error")
+
+
+def _headers(job: Job) -> dict[str, str]:
+    return {"x-request-id": job.request_id, **job.ticket.headers}
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> schemas.ModelList:
+    await _authenticate(request)
+    runtime = _service(request).runtime
+    return schemas.ModelList([schemas.ModelCard(id=runtime.name, created=0)])
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    principal = await _authenticate(request)
+    service = _service(request)
+    body = schemas.decode_body(await request.body(), schemas.ChatCompletionRequest)
+    service.check_model(body.model)
+    schemas.check_n(body.n)
+    messages = schemas.chat_messages(body)
+    service.check_open()
+    prompt_ids = await service.tokenize_chat(messages)
+    requested = body.max_completion_tokens or body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    if body.max_completion_tokens is not None and body.max_completion_tokens <= 0:
+        raise ApiError(400, "max_completion_tokens must be positive", code="invalid_request",
+                       param=param)  # fmt: skip
+    max_tokens = service.resolve_max_tokens(len(prompt_ids), requested, "messages")
+    params = schemas.sampling_params(body, max_tokens)
+    job = await service.admit(principal, "chat", _new_request_id("chatcmpl"), prompt_ids, params)
+    outputs = service.outputs(job)
+    first = await _first(outputs)
+    if body.stream:
+        events = sse.chat_events(
+            service,
+            job,
+            model=body.model,
+            first=first,
+            rest=outputs,
+            include_usage=schemas.include_usage(body),
+        )
+        return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
+    text = [first.text]
+    if not first.finished:
+        text.extend([out.text async for out in outputs])
+    await service.wait_recorded(job)
+    message = schemas.AssistantMessage(role="assistant", content="".join(text))
+    choice = schemas.ChatChoice(index=0, message=message, finish_reason=job.finish_reason)
+    result = schemas.ChatCompletion(
+        job.request_id, job.created, body.model, [choice], sse.usage_of(job)
+    )
+    return Response(result, headers=_headers(job))
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    principal = await _authenticate(request)
+    service = _service(request)
+    body = schemas.decode_body(await request.body(), schemas.CompletionRequest)
+    service.check_model(body.model)
+    schemas.check_n(body.n)
+    service.check_open()
+    prompt_ids = await service.tokenize_text(body.prompt)
+    if not prompt_ids:
+        raise ApiError(400, "prompt must not be empty", code="invalid_request", param="prompt")
+    max_tokens = service.resolve_max_tokens(len(prompt_ids), body.max_tokens, "prompt")
+    params = schemas.sampling_params(body, max_tokens)
+    job = await service.admit(principal, "completion", _new_request_id("cmpl"), prompt_ids, params)
+    outputs = service.outputs(job)
+    first = await _first(outputs)
+    if body.stream:
+        events = sse.completion_events(
+            service,
+            job,
+            model=body.model,
+            first=first,
+            rest=outputs,
+            include_usage=schemas.include_usage(body),
+        )
+        return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
+    text = [first.text]
+    if not first.finished:
+        text.extend([out.text async for out in outputs])
+    await service.wait_recorded(job)
+    choice = schemas.TextChoice(index=0, text="".join(text), finish_reason=job.finish_reason)
+    result = schemas.TextCompletion(
+        job.request_id, job.created, body.model, [choice], sse.usage_of(job)
+    )
+    return Response(result, headers=_headers(job))
+
+
+ROUTES = [list_models, chat_completions, completions]

@@ -1,0 +1,280 @@
+"""Generation behind the OpenAI routes: tokenize off the loop, admit, run on the engine, meter.
+
+Every admitted request ends in exactly one usage event, written by a task of its own so that a
+client disconnect (which cancels the streaming task) cannot lose it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import structlog
+from opentelemetry import trace
+
+from engine.errors import PromptTooLongError
+from engine.outputs import GenerateRequest, RequestOutput
+from engine.sampling_params import SamplingParams
+from web.errors import ApiError, unavailable
+from web.metrics import GatewayMetrics
+from web.tenancy import Principal, Tenancy, Ticket, UsageRecord
+from web.tracing import RequestSpans
+
+log = structlog.get_logger("atrium.web")
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+
+class EngineClient(Protocol):
+    def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]: ...
+
+    def abort(self, request_id: str) -> Any: ...
+
+
+@dataclass(slots=True)
+class ModelRuntime:
+    """The served model: its engine, tokenizer, context length and the names it answers to."""
+
+    name: str
+    engine: EngineClient
+    tokenizer: TokenizerLike
+    max_model_len: int
+    aliases: tuple[str, ...] = ()
+    stats: Callable[[], dict[str, object]] | None = None
+
+    def serves(self, model: str) -> bool:
+        return model == self.name or model in self.aliases
+
+
+@dataclass(slots=True)
+class Job:
+    """One admitted generation and what it has produced so far."""
+
+    request_id: str
+    endpoint: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    ticket: Ticket
+    spans: RequestSpans
+    created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.monotonic)
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    usage_task: asyncio.Task[None] | None = None
+
+    @property
+    def tenant_id(self) -> str:
+        return self.ticket.principal.tenant_id
+
+
+class GenerationService:
+    """Turns validated requests into engine requests and accounts for every one of them."""
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        tenancy: Tenancy,
+        metrics: GatewayMetrics,
+        tracer: trace.Tracer,
+        *,
+        default_max_tokens_cap: int = 1024,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        self.runtime = runtime
+        self.tenancy = tenancy
+        self.metrics = metrics
+        self.tracer = tracer
+        self.default_max_tokens_cap = default_max_tokens_cap
+        self.retry_after_s = retry_after_s
+        self.draining = False
+        self.active: dict[str, Job] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def check_model(self, model: str) -> None:
+        if not self.runtime.serves(model):
+            raise ApiError(
+                404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
+            )
+
+    def check_open(self) -> None:
+        if self.draining:
+            raise unavailable("The server is shutting down.", self.retry_after_s, code="draining")
+
+    async def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return await asyncio.to_thread(self.runtime.tokenizer.apply_chat_template, messages)
+
+    async def tokenize_text(self, text: str) -> list[int]:
+        return await asyncio.to_thread(self.runtime.tokenizer.encode, text)
+
+    def resolve_max_tokens(
+        self, num_prompt_tokens: int, requested: int | None, prompt_param: str
+    ) -> int:
+        """The requested max_tokens if it fits the context, else the remaining context, capped."""
+        limit = self.runtime.max_model_len
+        remaining = limit - num_prompt_tokens
+        if requested is not None and requested <= 0:
+            return requested  # SamplingParams.validate names it
+        if remaining <= 0:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens; "
+                f"the prompt has {num_prompt_tokens}.",
+                prompt_param,
+            )
+        if requested is None:
+            return min(remaining, self.default_max_tokens_cap)
+        if requested > remaining:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens; the prompt has "
+                f"{num_prompt_tokens} and max_tokens asks for {requested} more.",
+                "max_tokens",
+            )
+        return requested
+
+    async def admit(
+        self,
+        principal: Principal,
+        endpoint: str,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+    ) -> Job:
+        self.check_open()
+        params.validate()
+        ticket = await self.tenancy.admit(
+            principal, request_id, len(prompt_token_ids), params.max_tokens
+        )
+        spans = RequestSpans(
+            self.tracer,
+            f"generate {endpoint}",
+            {"atrium.request_id": request_id, "atrium.tenant_id": principal.tenant_id},
+        )
+        job = Job(request_id, endpoint, prompt_token_ids, params, ticket, spans)
+        job.prompt_tokens = len(prompt_token_ids)
+        self.active[request_id] = job
+        self.metrics.in_flight.inc()
+        return job
+
+    async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for ``job``; however this ends, the job is finalized once."""
+        principal = job.ticket.principal
+        request = GenerateRequest(
+            request_id=job.request_id,
+            prompt_token_ids=job.prompt_token_ids,
+            params=job.params,
+            tenant_id=principal.tenant_id,
+            tenant_weight=principal.weight,
+            allow_public_prefix=principal.allow_public_prefix,
+        )
+        status = "error"
+        try:
+            async for out in self.runtime.engine.generate(request):
+                self._account(job, out)
+                if out.finished:
+                    job.finish_reason = out.finish_reason
+                    status = "error" if out.finish_reason == "error" else "ok"
+                yield out
+                if out.finished:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "disconnect"
+            raise
+        finally:
+            if job.finish_reason is None:
+                self._spawn(self._maybe_await(self.runtime.engine.abort(job.request_id)))
+            self._finalize(job, status)
+
+    def _account(self, job: Job, out: RequestOutput) -> None:
+        now = time.monotonic()
+        if out.num_prompt_tokens:
+            job.prompt_tokens = out.num_prompt_tokens
+        job.cached_tokens = max(job.cached_tokens, out.num_cached_tokens)
+        new_tokens = out.num_output_tokens - job.completion_tokens
+        if new_tokens > 0:
+            if job.first_token_at is None:
+                job.first_token_at = now
+                self.metrics.ttft.labels(job.tenant_id).observe(now - job.started)
+                job.spans.first_token()
+            elif job.last_token_at is not None:
+                self.metrics.itl.observe((now - job.last_token_at) / new_tokens)
+            job.last_token_at = now
+            job.completion_tokens = out.num_output_tokens
+
+    def _finalize(self, job: Job, status: str) -> None:
+        """Close the books on ``job`` without awaiting (this may run inside a cancellation)."""
+        if self.active.pop(job.request_id, None) is None:
+            return
+        self.metrics.in_flight.dec()
+        self.metrics.requests.labels(job.tenant_id, job.endpoint, status).inc()
+        self.metrics.observe_usage(
+            job.tenant_id, job.prompt_tokens, job.cached_tokens, job.completion_tokens
+        )
+        counts = {
+            "prompt_tokens": job.prompt_tokens,
+            "cached_tokens": job.cached_tokens,
+            "completion_tokens": job.completion_tokens,
+        }
+        job.spans.finish(status, counts)
+        ttft = None if job.first_token_at is None else job.first_token_at - job.started
+        record = UsageRecord(
+            request_id=job.request_id,
+            tenant_id=job.tenant_id,
+            model=self.runtime.name,
+            status=status,
+            started_at=job.started_at,
+            finished_at=datetime.now(UTC),
+            key_id=job.ticket.principal.key_id,
+            ttft_s=ttft,
+            **counts,
+        )
+        log.info("request_finished", status=status, finish_reason=job.finish_reason, **counts)
+        job.usage_task = self._spawn(self._record(job.ticket, record))
+
+    async def _record(self, ticket: Ticket, record: UsageRecord) -> None:
+        try:
+            await self.tenancy.complete(ticket, record)
+        except Exception:
+            log.exception("usage_record_failed", request_id=record.request_id)
+
+    async def wait_recorded(self, job: Job) -> None:
+        """Wait for the usage event; shielded, so a cancellation here cannot lose it."""
+        if job.usage_task is not None:
+            await asyncio.shield(job.usage_task)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @staticmethod
+    async def _maybe_await(result: object) -> None:
+        if inspect.isawaitable(result):
+            await result
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new work, let running requests finish within ``grace_s``, then abort the rest."""
+        self.draining = True
+        deadline = time.monotonic() + grace_s
+        while self.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for request_id in list(self.active):
+            log.warning("request_aborted_on_shutdown", request_id=request_id)
+            await self._maybe_await(self.runtime.engine.abort(request_id))
+        while self.active and time.monotonic() < deadline + 5.0:
+            await asyncio.sleep(0.05)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5.0)

@@ -1,0 +1,90 @@
+"""Gateway settings: one frozen struct built from defaults, ``ATRIUM_*`` variables, then flags."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+ENV_PREFIX = "ATRIUM_"
+
+
+class SettingsError(ValueError):
+    """A setting has a value of the wrong type or out of range."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything `atrium serve` needs to start; every field has an ``ATRIUM_<NAME>`` twin."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "default"
+    dtype: str = "bfloat16"
+    device: str = "auto"
+    database_url: str = "sqlite+aiosqlite:///./atrium.db"
+    admin_token: str | None = None
+    server_secret: str | None = None
+    usage_spool_path: str = "./atrium-usage.spool"
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 64
+    kv_cache_bytes: int = 256 * 2**20
+    max_model_len: int | None = None
+    # Default max_tokens when a request names none: the remaining context, capped at this.
+    default_max_tokens_cap: int = 1024
+    max_body_bytes: int = 1 * 2**20
+    drain_grace_s: float = 30.0
+    retry_after_s: int = 1
+    otlp_endpoint: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise SettingsError("port must be between 0 and 65535")
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise SettingsError("dtype must be bfloat16, float16 or float32")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise SettingsError("device must be auto, cpu or cuda")
+        positive = {
+            "max_num_seqs": self.max_num_seqs,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "default_max_tokens_cap": self.default_max_tokens_cap,
+            "max_body_bytes": self.max_body_bytes,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise SettingsError(f"{name} must be positive")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
+            raise SettingsError("max_num_batched_tokens must be positive")
+        if self.drain_grace_s < 0 or self.retry_after_s < 0:
+            raise SettingsError("drain_grace_s and retry_after_s must not be negative")
+
+    @property
+    def resolved_device(self) -> str:
+        """``auto`` becomes ``cuda`` when a GPU is visible, else ``cpu``."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @classmethod
+    def load(
+        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Defaults, then ``ATRIUM_*`` variables, then ``overrides`` (flags; None means unset)."""
+        env = os.environ if environ is None else environ
+        raw: dict[str, Any] = {}
+        for name in cls.__struct_fields__:
+            value = env.get(ENV_PREFIX + name.upper())
+            if value is not None and value != "":
+                raw[name] = value
+        for name, value in (overrides or {}).items():
+            if value is not None:
+                raw[name] = value
+        try:
+            # strict=False lets environment strings become ints, floats and optionals.
+            return msgspec.convert(raw, type=cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise SettingsError(str(exc)) from exc

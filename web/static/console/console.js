@@ -1,0 +1,87 @@
+// Atrium console: fetch helper (session cookie + CSRF header), number formats, API-backed forms.
+"use strict";
+
+const Atrium = (() => {
+  const csrf = document.querySelector('meta[name="csrf-token"]')?.content ?? "";
+  const intFmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+  const decFmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 2 });
+
+  async function api(method, url, body) {
+    const init = { method, credentials: "same-origin", headers: { "X-CSRF-Token": csrf } };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch(url, init);
+    if (response.status === 401) {
+      window.location.assign(document.body.dataset.root || "/admin/");
+      throw new Error("Your session has ended; sign in again.");
+    }
+    const text = await response.text();
+    const data = text ? JSON.parse(text) : null;
+    if (!response.ok) {
+      const message = data?.error?.message ?? `Request failed (${response.status})`;
+      throw new Error(message);
+    }
+    return data;
+  }
+
+  function notice(message, kind = "error") {
+    const box = document.getElementById("notice");
+    if (!box) return;
+    box.textContent = message;
+    box.className = `notice ${kind}`;
+    box.hidden = !message;
+  }
+
+  const format = {
+    int: (n) => (n === null || n === undefined ? "–" : intFmt.format(n)),
+    dec: (n) => (n === null || n === undefined ? "–" : decFmt.format(n)),
+    pct: (x) => (x === null || x === undefined ? "–" : `${decFmt.format(x * 100)} %`),
+    money: (micros, currency) =>
+      new Intl.NumberFormat("en-US", { style: "currency", currency: currency || "USD",
+        maximumFractionDigits: 6 }).format(micros / 1e6),
+  };
+
+  // A form with data-api sends its fields as JSON to the admin API.
+  function formBody(form) {
+    const body = {};
+    for (const input of form.querySelectorAll("input[name], select[name]")) {
+      let value = input.value.trim();
+      const type = input.dataset.type;
+      if (type === "number") value = value === "" ? null : Number(value);
+      else if (type === "money") value = Math.round(Number(value) * 1e6);
+      else if (value === "" && input.tagName === "INPUT") continue;
+      const path = input.name.split(".");
+      let target = body;
+      for (const part of path.slice(0, -1)) target = target[part] ??= {};
+      target[path[path.length - 1]] = value;
+    }
+    if (body.weight === null) delete body.weight;
+    return body;
+  }
+
+  async function submitApiForm(event) {
+    const form = event.target;
+    if (!form.dataset.api) return;
+    event.preventDefault();
+    if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) return;
+    const method = form.dataset.method || "POST";
+    try {
+      const data = await api(method, form.dataset.api, method === "DELETE" ? undefined : formBody(form));
+      if (form.dataset.done === "secret") {
+        document.getElementById("secret-value").textContent = data.key;
+        document.getElementById("secret-box").hidden = false;
+        form.hidden = true;
+        notice("");
+      } else {
+        window.location.reload();
+      }
+    } catch (error) {
+      notice(error.message);
+    }
+  }
+
+  document.addEventListener("submit", submitApiForm);
+  return { api, notice, format, formBody, apiRoot: "/admin/v1" };
+})();
