@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from radix_cache.errors import CacheError, StaleNodeError
-from radix_cache.lru_heap import LruHeap
+from radix_cache.lru_heap import LruIndex
 from radix_cache.prefix_cache import MatchResult
 from radix_cache.radix_node import RadixNode
 from radix_cache.stats import NamespaceStats
@@ -30,19 +30,7 @@ class RadixTree:
     Pages are opaque ids; the caller returns evicted ones to its pool. Not thread-safe.
     """
 
-    __slots__ = (
-        "_clock",
-        "_heap",
-        "_ns_heaps",
-        "_num_nodes",
-        "_pushes",
-        "_roots",
-        "_seq",
-        "_stats",
-        "_total_locked",
-        "_total_resident",
-        "page_size",
-    )
+    __slots__ = ("_clock", "_lru", "_num_nodes", "_roots", "_stats", "_totals", "page_size")
 
     def __init__(self, page_size: int) -> None:
         if page_size <= 0:
@@ -50,27 +38,22 @@ class RadixTree:
         self.page_size = page_size
         self._roots: dict[str, RadixNode] = {}
         self._stats: dict[str, NamespaceStats] = {}
-        self._heap = LruHeap()  # every namespace: plain LRU
-        self._ns_heaps: dict[str, LruHeap] = {}  # one namespace: its own LRU
-        self._clock = itertools.count(1)
-        self._seq = itertools.count()
+        self._lru = LruIndex()
+        self._clock = itertools.count(1)  # logical time of matches and inserts
         self._num_nodes = 0  # non-root nodes
-        self._pushes = 0  # heap entries pushed since the last rebuild
-        self._total_resident = 0
-        self._total_locked = 0
+        self._totals = NamespaceStats()  # resident and locked pages of all namespaces
 
-    # ----- counters (all O(1)) -----
     @property
     def num_resident_pages(self) -> int:
-        return self._total_resident
+        return self._totals.resident_pages
 
     @property
     def num_locked_pages(self) -> int:
-        return self._total_locked
+        return self._totals.locked_pages
 
     @property
     def num_evictable_pages(self) -> int:
-        return self._total_resident - self._total_locked
+        return self._totals.evictable_pages
 
     def namespaces(self) -> list[str]:
         return list(self._roots)
@@ -89,7 +72,6 @@ class RadixTree:
         stats.hit_tokens += hit
         stats.public_hit_tokens += public_hit
 
-    # ----- lookups and inserts -----
     def match_prefix(self, namespace: str, tokens: Sequence[int]) -> MatchResult:
         """Longest cached full-page prefix of ``tokens`` in ``namespace``; never looks elsewhere.
 
@@ -119,7 +101,7 @@ class RadixTree:
         root = self._roots.get(namespace)
         if root is None:
             root = self._roots[namespace] = RadixNode(namespace, (), [], None)
-            self._ns_heaps[namespace] = LruHeap()
+            self._lru.add_namespace(namespace)
             self._stats.setdefault(namespace, NamespaceStats())
         node, cached, tree_pages = self._walk(root, tokens, num_pages)
         stamp = next(self._clock)
@@ -195,7 +177,6 @@ class RadixTree:
         if node.is_evictable_leaf:
             self._push(node)
 
-    # ----- locks -----
     def lock(self, node: RadixNode) -> None:
         """Take one counted lock on ``node``; it and its ancestors become unevictable."""
         self._check_handle(node)
@@ -242,7 +223,7 @@ class RadixTree:
         ``max_leaves`` bounds how many leaves are touched. Returns the freed page ids (maybe fewer
         than asked). A leaf larger than what is left to free loses only its tail pages.
         """
-        heap = self._heap if namespace is None else self._ns_heaps.get(namespace)
+        heap = self._lru.heap(namespace)
         freed: list[int] = []
         if heap is None:
             return freed
@@ -258,7 +239,7 @@ class RadixTree:
             freed.extend(self._evict_tail(leaf, num_pages - len(freed)))
             leaves += 1
         for leaf in skipped:
-            heap.push(leaf, next(self._seq))
+            heap.push(leaf)
         return freed
 
     def _evict_tail(self, leaf: RadixNode, num_pages: int) -> list[int]:
@@ -281,38 +262,21 @@ class RadixTree:
         freed = self.evict(self.stats(namespace).resident_pages, namespace=namespace)
         root = self._roots.get(namespace)
         if root is not None and not root.children:
-            del self._roots[namespace], self._ns_heaps[namespace], self._stats[namespace]
+            del self._roots[namespace], self._stats[namespace]
+            self._lru.drop_namespace(namespace)
         return freed
 
-    # ----- bookkeeping -----
     def _push(self, node: RadixNode) -> None:
-        seq = next(self._seq)
-        self._heap.push(node, seq)
-        self._ns_heaps[node.namespace].push(node, seq)
-        self._pushes += 1
-        if self._pushes > 2 * self._num_nodes + 64:
-            self._rebuild_heaps()
-
-    def _rebuild_heaps(self) -> None:
-        """Drop stale entries: keeps the heaps O(nodes) however often nodes are touched."""
-        self._heap.clear()
-        for heap in self._ns_heaps.values():
-            heap.clear()
-        self._pushes = 0
-        for node in self.iter_nodes():
-            if node.is_evictable_leaf:
-                seq = next(self._seq)
-                self._heap.push(node, seq)
-                self._ns_heaps[node.namespace].push(node, seq)
-                self._pushes += 1
+        if self._lru.push(node, self._num_nodes):
+            self._lru.rebuild(self.iter_nodes())
 
     def _add_resident(self, namespace: str, num_pages: int) -> None:
         self._stats[namespace].resident_pages += num_pages
-        self._total_resident += num_pages
+        self._totals.resident_pages += num_pages
 
     def _add_locked(self, namespace: str, num_pages: int) -> None:
         self._stats[namespace].locked_pages += num_pages
-        self._total_locked += num_pages
+        self._totals.locked_pages += num_pages
 
     def iter_nodes(self, namespace: str | None = None) -> Iterator[RadixNode]:
         """Every non-root node (of one namespace, or all), parents before children."""
@@ -325,12 +289,11 @@ class RadixTree:
 
     def check_integrity(self) -> None:
         """Verify structure, lock counts, page accounting and the LRU heaps; raises on a bug."""
-        totals = (self._total_resident, self._total_locked, self._num_nodes)
+        totals = (self._totals.resident_pages, self._totals.locked_pages, self._num_nodes)
         check_tree(
             page_size=self.page_size,
             roots=self._roots,
             stats=self._stats,
-            heap=self._heap,
-            ns_heaps=self._ns_heaps,
+            lru=self._lru,
             totals=totals,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from radix_cache.errors import IntegrityError
-from radix_cache.lru_heap import LruHeap
+from radix_cache.lru_heap import LruIndex
 from radix_cache.radix_node import RadixNode
 from radix_cache.stats import NamespaceStats
 
@@ -15,24 +15,25 @@ def check_tree(
     page_size: int,
     roots: Mapping[str, RadixNode],
     stats: Mapping[str, NamespaceStats],
-    heap: LruHeap,
-    ns_heaps: Mapping[str, LruHeap],
+    lru: LruIndex,
     totals: tuple[int, int, int],
 ) -> None:
     """Raise IntegrityError on the first broken invariant; ``totals`` is the tree's counters
     ``(resident pages, locked pages, non-root nodes)``. Linear in the tree and heap sizes.
     """
     seen_pages: dict[int, str] = {}
-    live_global = heap.live_nodes()
+    live_all = lru.heap(None)
+    live_global = live_all.live_nodes() if live_all is not None else set()
     resident_total = locked_total = nodes_total = 0
     for namespace, root in roots.items():
         if root.namespace != namespace or not root.is_root or root.page_ids or root.tokens:
             raise IntegrityError(f"bad root for namespace {namespace!r}")
         if root.direct_locks or not root.attached:
             raise IntegrityError(f"root of {namespace!r} is locked directly or detached")
-        if namespace not in stats or namespace not in ns_heaps:
+        ns_heap = lru.heap(namespace)
+        if namespace not in stats or ns_heap is None:
             raise IntegrityError(f"namespace {namespace!r} lacks stats or a heap")
-        live_ns = ns_heaps[namespace].live_nodes()
+        live_ns = ns_heap.live_nodes()
         resident = locked = 0
         stack = [root]
         while stack:

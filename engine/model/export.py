@@ -11,7 +11,11 @@ from safetensors.torch import save_file
 from engine.model.loader import LoadedModel
 from engine.model.weights import fused_to_hf
 
-_DTYPE_NAMES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+_DTYPE_NAMES = {
+    "torch.float32": "float32",
+    "torch.bfloat16": "bfloat16",
+    "torch.float16": "float16",
+}
 
 
 def _write_json(path: Path, body: dict[str, Any]) -> None:

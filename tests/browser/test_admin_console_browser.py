@@ -146,25 +146,17 @@ class ServedGateway:
         return str(response.json()["data"][0]["id"])
 
     def complete(self, key: str) -> int:
-        response = (
-            httpx.post(
-                f"{self.base_url}/v1/chat/completions",
-                headers={"Authorization": f"Bearer {key}"},
-                json={
-                    "model": self.model(key) if key else "",
-                    "max_tokens": 8,
-                    "messages": [{"role": "user", "content": "Hello there"}],
-                },
-                timeout=120,
-            )
-            if self._key_works(key)
-            else None
-        )
-        return 401 if response is None else response.status_code
-
-    def _key_works(self, key: str) -> bool:
-        probe = httpx.get(f"{self.base_url}/v1/models", headers={"Authorization": f"Bearer {key}"})
-        return probe.status_code != 401
+        headers = {"Authorization": f"Bearer {key}"}
+        models = httpx.get(f"{self.base_url}/v1/models", headers=headers)
+        if models.status_code != 200:
+            return models.status_code
+        body = {
+            "model": models.json()["data"][0]["id"],
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Hello there"}],
+        }
+        url = f"{self.base_url}/v1/chat/completions"
+        return httpx.post(url, headers=headers, json=body, timeout=120).status_code
 
 
 @pytest.fixture

@@ -61,18 +61,17 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("serve"))
-    proc = subprocess.Popen(
-        [*ATRIUM, "serve", "--port", str(srv.port)],
-        env=srv.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    tmp = tmp_path_factory.mktemp("serve")
+    srv = Server(tmp)
+    log_path = tmp / "serve.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [*ATRIUM, "serve", "--port", str(srv.port)], env=srv.env, stdout=log, stderr=log
+        )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert proc.poll() is None, log_path.read_text()
             try:
                 if httpx.get(srv.base + "/readyz", timeout=2).status_code == 200:
                     break

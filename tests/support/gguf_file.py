@@ -83,11 +83,12 @@ def hf_dir_to_gguf(
     writer.add_bos_token_id(cfg["bos_token_id"])
     writer.add_eos_token_id(cfg["eos_token_id"])
     writer.add_chat_template((hf_dir / "chat_template.jinja").read_text())
-    for hf_name, array in load_file(str(hf_dir / "model.safetensors")).items():
+    for hf_name, weight in load_file(str(hf_dir / "model.safetensors")).items():
+        array = weight
         if hf_name.endswith("q_proj.weight"):
-            array = permute_rows(array, heads)
+            array = permute_rows(weight, heads)
         elif hf_name.endswith("k_proj.weight"):
-            array = permute_rows(array, kv_heads)
+            array = permute_rows(weight, kv_heads)
         qtype = GGMLQuantizationType.F32 if array.ndim == 1 else qtype_for(hf_name)
         add_array(writer, gguf_name(hf_name), array, qtype)
     writer.write_header_to_file()

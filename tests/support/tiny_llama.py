@@ -84,3 +84,10 @@ def make_tiny_llama(dir: Path, seed: int = 0, **config_overrides: Any) -> Path:
     model.save_pretrained(dir, safe_serialization=True)
     byte_level_tokenizer().save_pretrained(dir)
     return dir
+
+
+def load_reference(model_dir: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """transformers' own LlamaForCausalLM on the same directory, in eval mode."""
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.eval()  # type: ignore[no-untyped-call]
+    return model

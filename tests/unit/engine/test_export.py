@@ -15,7 +15,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.export import export_hf
 from engine.model.loader import LoadedModel, load_model
 from tests.support.paged import PagedRunner, PagedSeq
-from tests.support.tiny_llama import make_tiny_llama
+from tests.support.tiny_llama import load_reference, make_tiny_llama
 
 
 def next_token_logits(loaded: LoadedModel, tokens: list[int]) -> torch.Tensor:  # [vocab]
@@ -41,7 +41,7 @@ def test_tiny_export_reloads_in_transformers(tmp_path: Path, tied: bool) -> None
         names = set(f.keys())
     assert ("lm_head.weight" in names) is not tied
     assert "model.layers.1.self_attn.q_proj.weight" in names
-    hf = HFLlama.from_pretrained(out, dtype=torch.float32).eval()
+    hf = load_reference(out, torch.float32)
     tokens = list(range(30, 60))
     torch.testing.assert_close(
         hf_next_token_logits(hf, tokens), next_token_logits(loaded, tokens), atol=1e-4, rtol=0
@@ -67,7 +67,7 @@ def test_default_model_export_matches_transformers(
 ) -> None:
     loaded = default_model_fp32
     export_hf(loaded, tmp_path / "smol")
-    hf = HFLlama.from_pretrained(tmp_path / "smol", dtype=torch.float32).eval()
+    hf = load_reference(tmp_path / "smol", torch.float32)
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, 12 + 30 ="]
     for prompt in prompts:
         tokens = loaded.tokenizer.encode(prompt)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-from transformers import LlamaForCausalLM as HFLlama
 
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.gguf_loader import (
@@ -20,6 +19,7 @@ from engine.model.gguf_loader import (
 from engine.model.loader import load_model
 from tests.support.gguf_file import add_array, hf_dir_to_gguf
 from tests.support.paged import PagedRunner, PagedSeq
+from tests.support.tiny_llama import load_reference
 
 Q = GGMLQuantizationType
 # Worst-case absolute error of each format for values in [-1, 1] (half a quantization step).
@@ -78,7 +78,7 @@ def test_f32_gguf_of_tiny_llama_matches_transformers(tiny_llama_dir: Path, tmp_p
     tokens = [
         int(t) for t in torch.randint(0, 256, (18,), generator=torch.Generator().manual_seed(0))
     ]
-    hf = HFLlama.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    hf = load_reference(tiny_llama_dir, torch.float32)
     with torch.no_grad():
         expected = hf(torch.tensor([tokens])).logits[0, [9, 16, 17]]
     got = _logits(path, tokens)

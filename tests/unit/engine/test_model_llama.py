@@ -13,7 +13,7 @@ from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.loader import LoadedModel, load_model
 from tests.support.paged import PagedRunner, PagedSeq
-from tests.support.tiny_llama import make_tiny_llama
+from tests.support.tiny_llama import load_reference, make_tiny_llama
 
 ATOL = 1e-4
 
@@ -42,7 +42,7 @@ def ours(tiny_llama_dir: Path) -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def hf(tiny_llama_dir: Path) -> HFLlama:
-    return HFLlama.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    return load_reference(tiny_llama_dir, torch.float32)
 
 
 def test_whole_prompt_matches_transformers(ours: LoadedModel, hf: HFLlama) -> None:
@@ -122,7 +122,7 @@ def test_decodes_and_a_prefill_chunk_in_one_step(ours: LoadedModel, hf: HFLlama)
 
 def test_bfloat16_agrees_with_transformers_bfloat16(tiny_llama_dir: Path) -> None:
     ours = load_model(str(tiny_llama_dir), dtype=torch.bfloat16)
-    hf = HFLlama.from_pretrained(tiny_llama_dir, dtype=torch.bfloat16).eval()
+    hf = load_reference(tiny_llama_dir, torch.bfloat16)
     tokens = random_tokens(48, seed=4)
     runner = PagedRunner(ours.model, TorchAttentionBackend(), num_pages=4, page_size=16)
     seq = PagedSeq(tokens, [2, 0, 3, 1])
@@ -157,7 +157,7 @@ def test_bfloat16_agrees_with_transformers_bfloat16(tiny_llama_dir: Path) -> Non
 def test_variants_match_transformers(tmp_path: Path, overrides: dict[str, object]) -> None:
     model_dir = make_tiny_llama(tmp_path / "m", seed=3, **overrides)
     ours = load_model(str(model_dir), dtype=torch.float32)
-    hf = HFLlama.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = load_reference(model_dir, torch.float32)
     if overrides.get("tie_word_embeddings"):
         assert ours.model.lm_head is None
     scaling = overrides.get("rope_scaling")

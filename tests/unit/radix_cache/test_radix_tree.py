@@ -145,7 +145,8 @@ def test_heaps_stay_bounded_under_repeated_matches() -> None:
     tree.insert(NS, toks(1), [10])
     for _ in range(500):
         tree.match_prefix(NS, toks(1))
-    assert len(tree._heap) < 100
+    heap = tree._lru.heap(None)
+    assert heap is not None and len(heap) < 100
     tree.check_integrity()
     assert tree.evict(1) == [10]
 

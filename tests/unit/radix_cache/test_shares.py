@@ -1,4 +1,4 @@
-"""Tenant isolation and cache shares: caps, self-eviction first, weighted eviction under pressure."""
+"""Tenant isolation and cache shares: caps, own pages first, weighted eviction under pressure."""
 
 import pytest
 

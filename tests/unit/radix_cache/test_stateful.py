@@ -68,7 +68,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.cache = RadixPrefixCache(PagePool(NUM_PAGES), PS)
         self.model = Model()
         self.requests: list[Request] = []
-        self.pinned: dict[tuple[int, ...], int] = {}
+        self.pinned: set[tuple[int, ...]] = set()
         self.ids = count()
 
     # ----- model upkeep -----
@@ -211,14 +211,14 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         expected = before + req.pages[len(before) :]
         self.commit_pages(req, expected, len(before) * PS)
         assert all(self.cache.pool.owner(p) != req.owner for p in req.pages)
-        self.pinned[req.tokens] = 1
+        self.pinned.add(req.tokens)
         self.sync()
 
     @precondition(lambda self: bool(self.pinned))
     @rule(data=st.data())
     def unpin(self, data: st.DataObject) -> None:
         tokens = data.draw(st.sampled_from(sorted(self.pinned)))
-        del self.pinned[tokens]
+        self.pinned.remove(tokens)
         self.cache.unpin(self.cache.match(PUBLIC_NAMESPACE, tokens).node)
 
     # ----- invariants -----
