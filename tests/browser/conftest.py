@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -19,7 +20,12 @@ def chromium() -> Path:
     if not CHROMIUM.exists():
         if shutil.which("apt-get") is None:
             pytest.fail("chromium is missing and apt-get is not available to install it")
-        subprocess.run(["apt-get", "install", "-y", "chromium"], check=True, timeout=900)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+        if subprocess.run(install, env=env, timeout=900, check=False).returncode != 0:
+            # A fresh machine may have no package lists yet.
+            subprocess.run(["apt-get", "update"], env=env, timeout=600, check=True)
+            subprocess.run(install, env=env, timeout=900, check=True)
     return CHROMIUM
 
 
