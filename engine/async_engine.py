@@ -11,12 +11,12 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import structlog
 
-from engine.errors import EngineDeadError
+from engine.errors import EngineDeadError, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.stats import EngineSnapshot
@@ -90,7 +90,7 @@ class AsyncEngine:
         """Ask the loop to stop a request; its pages are freed at the next step."""
         self._commands.put(_Abort(request_id))
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs; raises its InvalidRequestError, or EngineDeadError.
 
         Stopping the iteration early (or cancelling the consumer) aborts the request.
@@ -165,7 +165,7 @@ class AsyncEngine:
             return True
         request_id = command.request.request_id
         if request_id in self._sinks:
-            command.sink(ValueError(f"request id {request_id!r} is already running"))
+            command.sink(InvalidRequestError(f"request id {request_id!r} is already running"))
             return True
         try:
             self._engine.add_request(command.request)

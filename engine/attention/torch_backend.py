@@ -124,6 +124,8 @@ class TorchAttentionBackend(AttentionBackend):
         flat = kv_cache.view(-1, num_kv_heads, head_dim)  # [num_pages * 2 * page_size, kvh, d]
         flat.index_copy_(0, plan.write_rows, k)
         flat.index_copy_(0, plan.write_rows + plan.page_size, v)
+        if not plan.chunks:  # a pure decode step: every row is a decode, in order
+            return self._decode(q, flat, plan)
         out = torch.empty_like(q)
         if plan.decode_rows.numel():
             out[plan.decode_rows] = self._decode(q[plan.decode_rows], flat, plan)

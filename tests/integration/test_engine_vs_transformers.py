@@ -34,25 +34,26 @@ def engine_greedy(
 
 
 def hf_greedy(model: LlamaForCausalLM, prompts: list[list[int]], num_new: int) -> list[list[int]]:
+    """Greedy decoding with transformers' own KV cache, never stopping at EOS (like ignore_eos)."""
     results = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=num_new,
-            min_new_tokens=num_new,
-            do_sample=False,
-            pad_token_id=0,
-        )
-        results.append(out[0, len(prompt) :].tolist())
+    with torch.inference_mode():
+        for prompt in prompts:
+            out = model(torch.tensor([prompt]), use_cache=True)
+            tokens: list[int] = []
+            for _ in range(num_new):
+                token = int(out.logits[0, -1].argmax())
+                tokens.append(token)
+                out = model(
+                    torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True
+                )
+            results.append(tokens)
     return results
 
 
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_llama_dir: Path) -> tuple[LoadedModel, list[list[int]], list[list[int]]]:
     loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
-    hf = LlamaForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    hf = LlamaForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
     prompts = [[(i * 31 + j * 7) % 256 for j in range(3 + 17 * i)] for i in range(8)]
     return loaded, prompts, hf_greedy(hf, prompts, NUM_NEW)
 
@@ -99,7 +100,7 @@ def test_smollm2_chat_matches_transformers(tmp_path_factory: pytest.TempPathFact
     loaded = load_model("default", dtype=torch.float32)
     export_dir = tmp_path_factory.mktemp("smollm2")
     export_hf(loaded, export_dir)
-    hf = LlamaForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
+    hf = LlamaForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
     tok = loaded.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
     got, _ = engine_greedy(loaded, prompts, 32, num_pages=128, max_num_batched_tokens=512)

@@ -124,7 +124,7 @@ def test_a_dying_loop_fails_pending_requests_and_refuses_new_ones(tiny: LoadedMo
             stream = engine.generate(request("victim", max_tokens=500))
             first = await anext(stream)
             assert not first.finished
-            inner.snapshot = broken_snapshot  # type: ignore[method-assign]
+            inner.snapshot = broken_snapshot  # type: ignore[method-assign, assignment]
             rest = [o async for o in stream]
             assert rest[-1].finish_reason == "error" and "boom" in (rest[-1].error or "")
             with pytest.raises(EngineDeadError):

@@ -104,7 +104,9 @@ def test_abort_frees_pages_at_once_and_reports_abort(tiny: LoadedModel) -> None:
 def test_stop_string_cuts_the_text(tiny: LoadedModel) -> None:
     engine = make_engine(tiny)
     prompt = list(range(65, 90))
-    engine.add_request(GenerateRequest("free", prompt, SamplingParams(max_tokens=24, temperature=0)))
+    engine.add_request(
+        GenerateRequest("free", prompt, SamplingParams(max_tokens=24, temperature=0))
+    )
     text = "".join(o.text for o in run_all(engine)["free"])
     printable = [i for i in range(1, len(text) - 1) if text[i].isalnum()]
     if not printable:

@@ -1,0 +1,50 @@
+"""What every benchmark entry point shares: quiet logging, output paths, JSON printing, the model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+DEFAULT_OUT_DIR = Path("bench/out")
+
+
+def quiet_logging() -> None:
+    """Only warnings and errors from the engine; library chatter off (benchmarks print JSON)."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: write null instead; round floats for readability."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def emit(result: dict[str, Any], out_dir: Path, name: str) -> Path:
+    """Print ``result`` as JSON on stdout and write it to ``out_dir/name.json``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_clean(result), indent=2, sort_keys=False)
+    path = out_dir / f"{name}.json"
+    path.write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return path
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else math.nan
