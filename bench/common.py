@@ -1,4 +1,4 @@
-"""What every benchmark entry point shares: quiet logging, output paths, JSON printing, the model."""
+"""What benchmark entry points share: quiet logging, output paths, JSON printing, ratios."""
 
 from __future__ import annotations
 

@@ -60,7 +60,9 @@ def run_prefill(engine: LLMEngine, prompts: Sequence[Sequence[int]], tag: str) -
     seconds = time.perf_counter() - start
     after = engine.stats
     tokens = sum(len(p) for p in prompts)
-    return PhaseResult(tokens, seconds, after.num_steps - before.num_steps, stats_delta(before, after))
+    return PhaseResult(
+        tokens, seconds, after.num_steps - before.num_steps, stats_delta(before, after)
+    )
 
 
 def run_decode(
@@ -80,7 +82,9 @@ def run_decode(
         tokens += sum(len(out.token_ids) for out in engine.step())
     seconds = time.perf_counter() - start
     after = engine.stats
-    return PhaseResult(tokens, seconds, after.num_steps - before.num_steps, stats_delta(before, after))
+    return PhaseResult(
+        tokens, seconds, after.num_steps - before.num_steps, stats_delta(before, after)
+    )
 
 
 def split_shares(split: dict[str, float], wall_s: float) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Offline engine throughput beside transformers on the same bf16 weights: prefill, decode, split.
 
-    python -m bench.engine_throughput [--batches 1 8 32 64] [--decode-tokens 16]
+python -m bench.engine_throughput [--batches 1 8 32 64] [--decode-tokens 16]
 """
 
 from __future__ import annotations

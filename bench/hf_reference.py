@@ -14,7 +14,7 @@ def load_reference(model_dir: Path, dtype: torch.dtype) -> Any:
     """transformers' LlamaForCausalLM from an exported Hugging Face directory, in eval mode."""
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    model: Any = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     return model.eval()
 
 

@@ -1,7 +1,8 @@
-"""Latency and fairness arithmetic for benchmarks: percentiles, per-request timings, Jain's index."""
+"""Latency and fairness arithmetic: percentiles, per-request timings, Jain's index, shares."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ class RequestRecord:
     def itls(self) -> list[float]:
         """Gaps between consecutive streamed chunks."""
         times = self.token_times
-        return [b - a for a, b in zip(times, times[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(times)]
 
 
 def latency_summary(records: Sequence[RequestRecord]) -> dict[str, object]:

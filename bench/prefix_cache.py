@@ -55,9 +55,7 @@ def make_engine(loaded: LoadedModel, kv_mib: int, cache_on: bool) -> LLMEngine:
     return LLMEngine(loaded, config, prefix_cache_factory=RadixPrefixCache)
 
 
-def measure(
-    engine: LLMEngine, source: PromptSource, concurrency: int, tag: str
-) -> dict[str, Any]:
+def measure(engine: LLMEngine, source: PromptSource, concurrency: int, tag: str) -> dict[str, Any]:
     timer = CacheTimer()
     timer.install(engine.cache)
     before = engine.stats.copy()

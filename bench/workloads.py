@@ -48,7 +48,7 @@ def shared_prefix_prompts(
         for t in range(shape.num_tenants)
         for g in range(shape.num_groups)
     }
-    for p in range(shape.num_prompts):
+    for _p in range(shape.num_prompts):
         for g in range(shape.num_groups):
             for t in range(shape.num_tenants):
                 question = _random_tokens(rng, shape.question_len, low, high)

@@ -11,15 +11,18 @@ import contextlib
 import queue
 import threading
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import structlog
 
-from engine.errors import EngineDeadError, InvalidRequestError
+from engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from engine.llm_engine import LLMEngine
 from engine.outputs import GenerateRequest, RequestOutput
+from engine.sampling_params import SamplingParams
 from engine.stats import EngineSnapshot
+from radix_cache.prefix_cache import PUBLIC_NAMESPACE
 
 log = structlog.get_logger(__name__)
 
@@ -123,6 +126,26 @@ class AsyncEngine:
         finally:
             if not done:
                 self.abort(request.request_id)
+
+    async def publish_prefix(self, token_ids: list[int]) -> int:
+        """Compute ``token_ids`` once and keep their full pages as a public, pinned prefix.
+
+        Returns how many tokens are now shared with every tenant allowed public prefixes
+        (0 when prefix caching is off).
+        """
+        request = GenerateRequest(
+            request_id=f"publish-{uuid.uuid4().hex}",
+            prompt_token_ids=list(token_ids),
+            params=SamplingParams(max_tokens=1, temperature=0.0),
+            tenant_id=PUBLIC_NAMESPACE,
+            publish=True,
+        )
+        published = 0
+        async for output in self.generate(request):
+            if output.error is not None:
+                raise EngineError(output.error)
+            published = output.num_published_tokens
+        return published
 
     # -- engine thread ------------------------------------------------------------------------
 

@@ -69,6 +69,9 @@ class FairSharePolicy(AdmissionPolicy):
         )
         tenant.counter += cost / tenant.weight
 
+    def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
+        self._prefix_len = prefix_len
+
     def _tenant(self, request: Request) -> _Tenant:
         tenant = self._tenants.get(request.tenant_id)
         if tenant is None:

@@ -12,36 +12,31 @@ import structlog
 import torch
 
 from engine.attention.backend import AttentionBackend
+from engine.attention.registry import create_backend
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.fair_share import FairSharePolicy
 from engine.model.loader import LoadedModel
 from engine.model_runner import ModelRunner
 from engine.outputs import GenerateRequest, RequestOutput
-from engine.policy import AdmissionPolicy, FifoPolicy
+from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.stats import EngineSnapshot, EngineStats
 from radix_cache.errors import IsolationError
 from radix_cache.page_pool import PagePool
-from radix_cache.prefix_cache import NoPrefixCache, PrefixCache, tenant_namespace
+from radix_cache.prefix_cache import (
+    PUBLIC_NAMESPACE,
+    NoPrefixCache,
+    PrefixCache,
+    tenant_namespace,
+)
 
 log = structlog.get_logger(__name__)
 
 PrefixCacheFactory = Callable[[PagePool, int], PrefixCache]
-
-
-def default_backend(device: torch.device) -> AttentionBackend:
-    if device.type == "cuda":
-        from engine.attention.flashinfer_backend import FlashInferAttentionBackend
-
-        raise NotImplementedError(
-            f"pass a {FlashInferAttentionBackend.__name__} built for the model on CUDA"
-        )
-    from engine.attention.torch_backend import TorchAttentionBackend
-
-    return TorchAttentionBackend()
 
 
 class LLMEngine:
@@ -73,13 +68,17 @@ class LLMEngine:
             self.cache = prefix_cache_factory(pool, page_size)
         else:
             self.cache = NoPrefixCache(pool, page_size)
-        self.scheduler = Scheduler(
-            self.cache, policy or FifoPolicy(), config.token_budget, config.max_num_seqs
-        )
+        policy = policy or FairSharePolicy()
+        policy.bind_prefix_len(self._cached_prefix_len)
+        self.scheduler = Scheduler(self.cache, policy, config.token_budget, config.max_num_seqs)
+        self._shares: dict[str, float | None] = {}  # per tenant namespace, as last applied
         self.runner = ModelRunner(
             loaded.model,
             model_config,
-            backend=backend or default_backend(device),
+            backend=backend
+            or create_backend(
+                device, model_config, page_size=page_size, dtype=dtype, num_pages=self.num_pages
+            ),
             num_pages=self.num_pages,
             page_size=page_size,
             dtype=dtype,
@@ -122,19 +121,34 @@ class LLMEngine:
             prompt_token_ids=list(request.prompt_token_ids),
             params=params,
             tenant_id=request.tenant_id,
-            namespace=tenant_namespace(request.tenant_id),
+            namespace=PUBLIC_NAMESPACE if request.publish else tenant_namespace(request.tenant_id),
             owner=owner_tag(request.request_id),
             arrival_index=self._num_arrivals,
             tenant_weight=request.tenant_weight,
             allow_public_prefix=request.allow_public_prefix,
             generator=generator,
+            publish=request.publish,
         )
+        self._apply_share(state, request.kv_cache_share)
         state.detokenizer = IncrementalDetokenizer(
             self.tokenizer, params, request.prompt_token_ids, self.eos_token_ids
         )
         self._num_arrivals += 1
         self._requests[request.request_id] = state
         self.scheduler.add(state)
+
+    def _apply_share(self, request: Request, share: float | None) -> None:
+        """Keep the cache's per-tenant cap in step with the tenant's quota as requests bring it."""
+        namespace = request.namespace
+        if request.publish or self._shares.get(namespace, None) == share:
+            return  # unchanged (a tenant never capped has None, like "unlimited")
+        self._shares[namespace] = share
+        self.cache.set_share(request.namespace, share, request.tenant_weight)
+
+    def _cached_prefix_len(self, request: Request) -> int:
+        """Tokens of the request's prompt cached in its own namespace (or public), for ordering."""
+        tokens = request.all_token_ids[:-1]
+        return self.cache.match(request.namespace, tokens, request.allow_public_prefix).num_tokens
 
     def _validate(self, request: GenerateRequest) -> None:
         if request.request_id in self._requests:
@@ -295,6 +309,7 @@ class LLMEngine:
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=max(request.num_cached_tokens, 0),
             num_output_tokens=request.num_output_tokens,
+            num_published_tokens=request.num_published_tokens,
         )
 
     # -- introspection ---------------------------------------------------------------------------
@@ -312,4 +327,5 @@ class LLMEngine:
             num_pages_available=self.cache.num_available_pages,
             page_size=self.config.page_size,
             counters=self.stats.copy(),
+            cache_by_namespace=self.cache.stats(),
         )

@@ -17,6 +17,8 @@ class GenerateRequest:
     tenant_id: str = "default"  # opaque to the engine: selects the cache namespace
     tenant_weight: float = 1.0  # fair-share weight
     allow_public_prefix: bool = True
+    kv_cache_share: float | None = None  # the tenant's cap on cached pages (fraction of the cache)
+    publish: bool = False  # compute the prompt's KV and keep it as a public prefix
 
 
 @dataclass(slots=True)
@@ -36,3 +38,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     num_output_tokens: int = 0
     error: str | None = None
+    num_published_tokens: int = 0  # with ``publish``: prompt tokens kept as a public prefix

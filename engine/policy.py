@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 
 from engine.request import Request
 
@@ -52,6 +53,16 @@ class AdmissionPolicy(ABC):
     @abstractmethod
     def waiting(self) -> list[Request]:
         """A snapshot of the queued requests in admission order."""
+
+    def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
+        """Receive the engine's cached-prefix measure (used by locality-aware policies)."""
+        return None
+
+    def pick_victim(self, candidates: list[Request]) -> Request | None:
+        """The running request to preempt when pages run out: the most recently admitted."""
+        if not candidates:
+            return None
+        return max(candidates, key=lambda request: request.admitted_index)
 
 
 class FifoPolicy(AdmissionPolicy):

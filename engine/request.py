@@ -48,6 +48,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     admitted_index: int = -1  # order of the latest admission into the running set
     num_preemptions: int = 0
+    publish: bool = False  # computes a public prefix: its pages are pinned when it finishes
+    num_published_tokens: int = 0
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None

@@ -172,10 +172,12 @@ class Scheduler:
             request.block_table.extend(self.cache.allocate(need, request.owner, request.namespace))
 
     def _pick_victim(self, scheduled: set[str], requester: Request) -> Request | None:
-        for request in reversed(self.running):
-            if request is not requester and request.request_id not in scheduled:
-                return request
-        return None
+        candidates = [
+            request
+            for request in self.running
+            if request is not requester and request.request_id not in scheduled
+        ]
+        return self.policy.pick_victim(candidates)
 
     # -- state changes after a step ---------------------------------------------------------
 
@@ -194,6 +196,8 @@ class Scheduler:
     def finish(self, request: Request, reason: str) -> None:
         """End a running or waiting request: cache its computed pages, release the rest."""
         if request.status is RequestStatus.RUNNING:
+            if request.publish and reason != "abort":
+                self._publish(request)
             self._release(request)
             self.running.remove(request)
         elif request.status is RequestStatus.WAITING:
@@ -226,6 +230,18 @@ class Scheduler:
         self.cache.free(private)
         request.block_table = []
         request.num_tree_pages = 0
+
+    def _publish(self, request: Request) -> None:
+        """Hand a computed public prefix to the cache, pinned; its full pages leave the request."""
+        num_full = request.num_computed_tokens // self.page_size
+        request.num_published_tokens = self.cache.publish(
+            request.all_token_ids[: num_full * self.page_size],
+            request.block_table[:num_full],
+            request.owner,
+            request.cache_node,
+        )
+        request.cache_node = None
+        request.num_tree_pages = num_full
 
     def _cache_pages(self, request: Request, num_full: int) -> None:
         tokens = request.all_token_ids[: num_full * self.page_size]

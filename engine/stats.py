@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from radix_cache.stats import NamespaceSnapshot
+
 
 @dataclass(slots=True)
 class EngineStats:
@@ -38,6 +40,7 @@ class EngineSnapshot:
     num_pages_available: int = 0  # free plus evictable cached pages
     page_size: int = 0
     counters: EngineStats = field(default_factory=EngineStats)
+    cache_by_namespace: dict[str, NamespaceSnapshot] = field(default_factory=dict)
 
     @property
     def num_running(self) -> int:

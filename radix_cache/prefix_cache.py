@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from radix_cache.errors import IsolationError
 from radix_cache.page_pool import PagePool
+from radix_cache.stats import NamespaceSnapshot
 
 PUBLIC_NAMESPACE = "public"
 
@@ -111,6 +112,29 @@ class PrefixCache(ABC):
                     f"page {page} belongs to {tag or 'nobody'!r}, not to request {owner!r}"
                     f" of {namespace!r}"
                 )
+
+    def set_share(self, namespace: str, share: float | None, weight: float = 1.0) -> None:
+        """Cap the pages ``namespace`` may keep cached (a fraction; None is unlimited)."""
+        return None
+
+    def publish(
+        self,
+        tokens: Sequence[int],
+        page_ids: Sequence[int],
+        owner: str,
+        locked_node: object | None = None,
+    ) -> int:
+        """Keep a computed prefix in the public namespace; returns the tokens kept (0: none).
+
+        ``locked_node`` is released. Without a tree nothing is kept and the pages stay the
+        owner's, to be freed as usual.
+        """
+        self.unlock(locked_node)
+        return 0
+
+    def stats(self) -> dict[str, NamespaceSnapshot]:
+        """Per-namespace residency and hit counters (empty without a tree)."""
+        return {}
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

@@ -190,7 +190,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     name = "flashinfer"
 
-    def __init__(  # noqa: PLR0917 - positional like the model config it is built from
+    def __init__(
         self,
         num_q_heads: int,
         num_kv_heads: int,

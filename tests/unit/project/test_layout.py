@@ -1,4 +1,4 @@
-"""Guards on the repository's shape: import directions of DESIGN.md §1 and a Python-free platform/."""
+"""Guards on the repository shape: import directions (DESIGN.md §1), no Python in platform/."""
 
 from __future__ import annotations
 

@@ -1,0 +1,203 @@
+"""An async OpenAI-compatible load generator: streaming /v1/completions over httpx, loopback only.
+
+Arrivals at a fixed concurrency (closed loop) or a Poisson rate (open loop); every run is bounded
+by its request list and a deadline. Each request becomes a ``RequestRecord`` with chunk times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from bench.metrics import RequestRecord
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    tenant: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A server to load: its base URL, model id, per-tenant keys and extra body fields."""
+
+    base_url: str
+    model: str
+    keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key (none: no header)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        host = urlsplit(self.base_url).hostname
+        if host not in LOOPBACK_HOSTS:
+            raise ValueError(f"the load generator only targets loopback, not {host!r}")
+
+
+def _body(target: Target, spec: RequestSpec) -> dict[str, Any]:
+    return {
+        "model": target.model,
+        "prompt": spec.prompt,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **target.extra_body,
+    }
+
+
+def _apply_event(
+    record: RequestRecord, data: dict[str, Any], now: float, texts: list[str] | None
+) -> None:
+    choices = data.get("choices") or []
+    text = choices[0].get("text") if choices else None
+    if text:
+        record.token_times.append(now)
+        if texts is not None:
+            texts.append(text)
+    usage = data.get("usage")
+    if usage:
+        record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        record.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        record.cached_tokens = int(details.get("cached_tokens") or 0)
+
+
+async def send(
+    client: httpx.AsyncClient,
+    target: Target,
+    spec: RequestSpec,
+    texts: list[str] | None = None,
+) -> RequestRecord:
+    """One streamed completion; errors are recorded, never raised. ``texts`` collects the text."""
+    headers = {}
+    key = target.keys.get(spec.tenant)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    record = RequestRecord(spec.tenant, time.perf_counter())
+    url = target.base_url.rstrip("/") + "/v1/completions"
+    try:
+        async with client.stream("POST", url, json=_body(target, spec), headers=headers) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                record.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            else:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    _apply_event(record, json.loads(payload), time.perf_counter(), texts)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.done_at = time.perf_counter()
+    if record.error is None and not record.completion_tokens:
+        record.completion_tokens = len(record.token_times)
+    return record
+
+
+def _client(timeout_s: float, limit: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False)
+
+
+async def run_closed_loop(
+    target: Target, specs: Sequence[RequestSpec], concurrency: int, deadline_s: float = 600.0
+) -> list[RequestRecord]:
+    """Keep ``concurrency`` requests in flight until the list is done (or the deadline passes)."""
+    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
+    for spec in specs:
+        queue.put_nowait(spec)
+    records: list[RequestRecord] = []
+    stop_at = time.perf_counter() + deadline_s
+    async with _client(deadline_s, concurrency) as client:
+
+        async def worker() -> None:
+            while not queue.empty() and time.perf_counter() < stop_at:
+                records.append(await send(client, target, queue.get_nowait()))
+
+        await asyncio.wait_for(
+            asyncio.gather(*(worker() for _ in range(concurrency))), deadline_s + 30
+        )
+    return records
+
+
+async def run_poisson(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    rate: float,
+    seed: int = 0,
+    deadline_s: float = 600.0,
+    max_in_flight: int = 256,
+) -> list[RequestRecord]:
+    """Send at exponential gaps of mean ``1 / rate`` seconds, at most ``max_in_flight`` at once."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(max_in_flight)
+    stop_at = time.perf_counter() + deadline_s
+    async with _client(deadline_s, max_in_flight) as client:
+
+        async def one(spec: RequestSpec) -> RequestRecord:
+            async with gate:
+                return await send(client, target, spec)
+
+        tasks = []
+        for spec in specs:
+            if time.perf_counter() >= stop_at:
+                break
+            tasks.append(asyncio.create_task(one(spec)))
+            await asyncio.sleep(rng.expovariate(rate))
+        return list(await asyncio.wait_for(asyncio.gather(*tasks), deadline_s + 30))
+
+
+async def run_per_tenant(
+    target: Target,
+    specs_by_tenant: dict[str, Sequence[RequestSpec]],
+    concurrency_by_tenant: dict[str, int],
+    deadline_s: float = 600.0,
+) -> list[RequestRecord]:
+    """One closed loop per tenant, all at once (e.g. one tenant flooding the others)."""
+    runs = [
+        run_closed_loop(target, specs, concurrency_by_tenant[tenant], deadline_s)
+        for tenant, specs in specs_by_tenant.items()
+    ]
+    return [record for records in await asyncio.gather(*runs) for record in records]
+
+
+async def run_chat_sessions(
+    target: Target,
+    sessions: Sequence[tuple[str, Sequence[str]]],
+    max_tokens: int,
+    deadline_s: float = 600.0,
+) -> list[RequestRecord]:
+    """Each (tenant, messages) session sends its turns in order, the history growing each turn."""
+    stop_at = time.perf_counter() + deadline_s
+    async with _client(deadline_s, max(len(sessions), 1)) as client:
+
+        async def session(tenant: str, messages: Sequence[str]) -> list[RequestRecord]:
+            history = ""
+            records = []
+            for message in messages:
+                if time.perf_counter() >= stop_at:
+                    break
+                prompt = history + message
+                texts: list[str] = []
+                spec = RequestSpec(tenant, prompt, max_tokens)
+                records.append(await send(client, target, spec, texts))
+                history = prompt + "".join(texts)
+            return records
+
+        runs = await asyncio.gather(*(session(t, m) for t, m in sessions))
+    return [record for records in runs for record in records]

@@ -1,0 +1,153 @@
+"""Atrium against vLLM's CPU build over HTTP, the same workloads on each server in turn.
+
+    python -m bench.serve_compare [--servers atrium vllm] [--tenants 2 --groups 2 --prompts 8]
+
+Starts each server on 127.0.0.1 (never both at once), runs the suite
+(shared prefix at each concurrency, optional Poisson arrivals, multi-turn chat, one tenant
+flooding), stops it, then prints JSON with Atrium/vLLM ratios and writes PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging, ratio
+from bench.loadgen import Target
+from bench.serve_plots import draw_plots
+from bench.serve_suite import SuiteConfig, run_suite
+from bench.servers import (
+    Server,
+    atrium_env,
+    create_tenant_keys,
+    export_model,
+    start_atrium,
+    start_vllm,
+    stop,
+    wait_ready,
+)
+from bench.text_workloads import TextShape, word_vocab
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--servers", nargs="+", default=["atrium", "vllm"], choices=["atrium", "vllm"])
+    add("--tenants", type=int, default=2)
+    add("--groups", type=int, default=2)
+    add("--prompts", type=int, default=8)
+    add("--system-len", type=int, default=512)
+    add("--question-len", type=int, default=64)
+    add("--output-len", type=int, default=32)
+    add("--concurrency", type=int, nargs="+", default=[4, 16])
+    add("--rate", type=float, default=None, help="also a Poisson run at this many req/s")
+    add("--chat-users", type=int, default=4)
+    add("--chat-turns", type=int, default=3)
+    add("--flood-per-tenant", type=int, default=4)
+    add("--flood-factor", type=int, default=10)
+    add("--flood-concurrency", type=int, default=2, help="each normal tenant's; t0 has ×factor")
+    add("--deadline", type=float, default=300.0, help="seconds per run at most")
+    add("--model-dir", type=Path, default=DEFAULT_OUT_DIR / "smollm2-hf")
+    add("--vllm-python", type=Path, default=Path("bench/.vllm-venv/bin/python"))
+    add("--atrium-port", type=int, default=8311)
+    add("--vllm-port", type=int, default=8312)
+    add("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
+    return parser.parse_args(argv)
+
+
+def _warm_up(target: Target, tenant: str) -> None:
+    from bench.loadgen import RequestSpec, run_closed_loop
+
+    asyncio.run(run_closed_loop(target, [RequestSpec(tenant, " hello world" * 8, 4)], 1, 300))
+
+
+def run_server(name: str, args: argparse.Namespace, config: SuiteConfig) -> dict[str, Any]:
+    """Start one server, run the suite against it, stop it."""
+    tenants = [f"t{i}" for i in range(max(args.tenants, 4))]
+    extra = {"ignore_eos": True}
+    server: Server | None = None
+    with tempfile.TemporaryDirectory(prefix="atrium-bench-") as tmp:
+        log_dir = args.out_dir / "logs"
+        started = time.perf_counter()
+        if name == "atrium":
+            keys = create_tenant_keys(tenants, atrium_env(Path(tmp)))
+            server = start_atrium(args.model_dir, args.atrium_port, Path(tmp), log_dir)
+            wait_ready(server, "/readyz", 600)
+            target = Target(server.base_url, args.model_dir.name, keys, extra)
+        else:
+            server = start_vllm(args.vllm_python, args.model_dir, args.vllm_port, log_dir)
+            wait_ready(server, "/health", 900)
+            target = Target(server.base_url, "smollm2", {}, extra)
+        startup_s = time.perf_counter() - started
+        try:
+            _warm_up(target, tenants[0])
+            result = asyncio.run(run_suite(target, config))
+        finally:
+            stop(server)
+    return {"startup_s": startup_s, **result}
+
+
+def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Atrium / vLLM for the headline numbers of each run (>1: Atrium higher)."""
+    if "atrium" not in results or "vllm" not in results:
+        return {}
+    ours, theirs = results["atrium"], results["vllm"]
+    out: dict[str, Any] = {}
+    for run in ours["runs"]:
+        other = theirs["runs"].get(run)
+        if other is None:
+            continue
+        a, v = ours["runs"][run], other
+        out[run] = {
+            "output_tok_s": ratio(a["output_tok_s"], v["output_tok_s"]),
+            "ttft_p50": ratio(a["ttft_s"]["p50"], v["ttft_s"]["p50"]),
+            "ttft_p99": ratio(a["ttft_s"]["p99"], v["ttft_s"]["p99"]),
+            "tpot_p50": ratio(a["tpot_s"]["p50"], v["tpot_s"]["p50"]),
+        }
+    out["flood_jain"] = {
+        "atrium": ours["flood"]["jain_index"],
+        "vllm": theirs["flood"]["jain_index"],
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    quiet_logging()
+    export_model(args.model_dir)
+    words = word_vocab(args.model_dir / "tokenizer.json")
+    shape = TextShape(
+        args.tenants, args.groups, args.prompts, args.system_len, args.question_len, args.output_len
+    )
+    config = SuiteConfig(
+        words=words,
+        tokenizer_json=args.model_dir / "tokenizer.json",
+        shape=shape,
+        concurrency=tuple(args.concurrency),
+        rate=args.rate,
+        chat_users=args.chat_users,
+        chat_turns=args.chat_turns,
+        flood_per_tenant=args.flood_per_tenant,
+        flood_factor=args.flood_factor,
+        flood_concurrency=args.flood_concurrency,
+        deadline_s=args.deadline,
+    )
+    started = time.perf_counter()
+    results = {name: run_server(name, args, config) for name in args.servers}
+    report: dict[str, Any] = {
+        "shape": repr(shape),
+        "servers": results,
+        "atrium_over_vllm": compare(results),
+        "seconds": time.perf_counter() - started,
+    }
+    report["plots"] = [str(p) for p in draw_plots(results, args.out_dir)]
+    emit(report, args.out_dir, "serve_compare")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
