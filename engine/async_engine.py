@@ -19,7 +19,7 @@ import structlog
 
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from engine.llm_engine import LLMEngine
-from engine.outputs import GenerateRequest, RequestOutput
+from engine.outputs import GenerateRequest, PublishedPrefix, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineSnapshot
 from radix_cache.prefix_cache import PUBLIC_NAMESPACE
@@ -127,15 +127,19 @@ class AsyncEngine:
             if not done:
                 self.abort(request.request_id)
 
-    async def publish_prefix(self, token_ids: list[int]) -> int:
-        """Compute ``token_ids`` once and keep their full pages as a public, pinned prefix.
+    async def publish_prefix(self, prefix: str | list[int]) -> PublishedPrefix:
+        """Compute a prefix once and keep its full pages as a public, pinned prefix.
 
-        Returns how many tokens are now shared with every tenant allowed public prefixes
-        (0 when prefix caching is off).
+        Text is tokenized as is (special tokens such as a chat template's markers included), so
+        publish exactly the text that prompts will start with.
         """
+        if isinstance(prefix, str):
+            token_ids = await asyncio.to_thread(self._engine.tokenizer.encode, prefix)
+        else:
+            token_ids = list(prefix)
         request = GenerateRequest(
             request_id=f"publish-{uuid.uuid4().hex}",
-            prompt_token_ids=list(token_ids),
+            prompt_token_ids=token_ids,
             params=SamplingParams(max_tokens=1, temperature=0.0),
             tenant_id=PUBLIC_NAMESPACE,
             publish=True,
@@ -145,7 +149,7 @@ class AsyncEngine:
             if output.error is not None:
                 raise EngineError(output.error)
             published = output.num_published_tokens
-        return published
+        return PublishedPrefix(num_tokens=len(token_ids), num_cached_tokens=published)
 
     # -- engine thread ------------------------------------------------------------------------
 

@@ -21,6 +21,12 @@ class GenerateRequest:
     publish: bool = False  # compute the prompt's KV and keep it as a public prefix
 
 
+@dataclass(frozen=True, slots=True)
+class PublishedPrefix:
+    num_tokens: int  # tokens of the published text
+    num_cached_tokens: int  # of those, kept as shared full pages (0 with prefix caching off)
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """An increment of a request's output; the last one has ``finished`` set.

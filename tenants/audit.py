@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -51,6 +51,28 @@ def add_entry(
 class AuditService:
     def __init__(self, db: Database) -> None:
         self._db = db
+
+    async def record(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str,
+        before: msgspec.Struct | None = None,
+        after: msgspec.Struct | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        """Append an audit row for a mutation made elsewhere (e.g. in the engine)."""
+        async with self._db.transaction() as session:
+            add_entry(
+                session,
+                at=at or datetime.now(UTC),
+                actor=actor,
+                action=action,
+                target=target,
+                before=before,
+                after=after,
+            )
 
     async def entries(
         self, start: datetime, end: datetime, limit: int = 10_000

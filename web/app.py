@@ -27,13 +27,20 @@ Closer = Callable[[], Awaitable[None]]
 
 
 def _admin_routers() -> list[ControllerRouterHandler]:
-    """The admin API's router when its package provides one (it is optional for the gateway)."""
-    try:
-        module = importlib.import_module("web.admin")
-    except ImportError:
-        return []
-    router = getattr(module, "admin_router", None)
-    return [router] if isinstance(router, Router) else []
+    """The admin API's and the console's routers (optional parts of the gateway)."""
+    routers: list[ControllerRouterHandler] = []
+    for module_name, attribute in (
+        ("web.admin", "admin_router"),
+        ("web.console", "console_router"),
+    ):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        router = getattr(module, attribute, None)
+        if isinstance(router, Router):
+            routers.append(router)
+    return routers
 
 
 async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
@@ -125,6 +132,8 @@ def create_app(
                 runtime, raw_engine, close_engine = await load_runtime(settings)
                 closers.append(close_engine)
                 app.state.engine = raw_engine
+            else:
+                app.state.engine = runtime.engine
             tenancy = store
             if tenancy is None:
                 tenancy, close_tenancy = await connect_tenancy(settings, app.state)

@@ -178,6 +178,7 @@ class GenerationService:
             tenant_id=principal.tenant_id,
             tenant_weight=principal.weight,
             allow_public_prefix=principal.allow_public_prefix,
+            kv_cache_share=principal.kv_cache_share,
         )
         status = "error"
         try:

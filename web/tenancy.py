@@ -40,6 +40,7 @@ class Principal:
     weight: float = 1.0
     key_id: str | None = None
     allow_public_prefix: bool = True
+    kv_cache_share: float | None = None  # fraction of the KV cache its prefixes may keep
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,12 @@ class SqlTenancy:
     async def authenticate(self, secret: str) -> Principal:
         ctx = await self._keys.authenticate(secret)
         self._contexts[ctx.key_id] = ctx
-        return Principal(ctx.tenant_id, ctx.weight, key_id=ctx.key_id)
+        return Principal(
+            ctx.tenant_id,
+            ctx.weight,
+            key_id=ctx.key_id,
+            kv_cache_share=ctx.quotas.kv_cache_share,
+        )
 
     async def admit(
         self, principal: Principal, request_id: str, prompt_tokens: int, max_tokens: int

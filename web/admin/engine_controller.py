@@ -13,7 +13,7 @@ from engine.stats import EngineSnapshot
 from web.admin.context import engine, services
 from web.admin.engine_state import TokenRate, processed_tokens, to_engine_state
 from web.admin.schemas import EngineState, PublicPrefix, PublicPrefixCreate
-from web.admin.tenants_controller import AdminRequest
+from web.admin.tenants_controller import AdminRequest, actor_of
 from web.errors import ApiError
 
 RATE_STATE = "admin_token_rate"
@@ -50,7 +50,11 @@ async def publish_prefix(request: AdminRequest, data: JSONBody[PublicPrefixCreat
     if publish is None:
         raise ApiError(501, "This engine cannot publish public prefixes.", code="not_implemented")
     result = await _maybe_await(publish(data.text))
-    return PublicPrefix(
+    published = PublicPrefix(
         num_tokens=int(getattr(result, "num_tokens", 0)),
         num_cached_tokens=int(getattr(result, "num_cached_tokens", 0)),
     )
+    await (await services(request)).audit.record(
+        actor=actor_of(request), action="public_prefix.publish", target="public", after=published
+    )
+    return published

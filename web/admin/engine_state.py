@@ -13,6 +13,7 @@ from engine.stats import EngineSnapshot
 from web.admin.schemas import EngineState, TenantEngineState
 
 MIN_INTERVAL_S = 0.5
+TENANT_PREFIX = "tenant:"
 
 
 @dataclass(slots=True)
@@ -48,18 +49,25 @@ def hit_rate(snapshot: EngineSnapshot) -> float | None:
 def to_engine_state(
     snapshot: EngineSnapshot, names: Mapping[str, str], tokens_per_s: float
 ) -> EngineState:
-    tenant_ids = set(snapshot.running_by_tenant) | set(snapshot.waiting_by_tenant)
-    tenants = [
-        TenantEngineState(
-            tenant_id=tenant_id,
-            tenant_name=names.get(tenant_id),
-            running=snapshot.running_by_tenant.get(tenant_id, 0),
-            waiting=snapshot.waiting_by_tenant.get(tenant_id, 0),
-            kv_pages_cached=0,  # the snapshot has no per-tenant page counts yet
-            hit_rate=None,
+    caches = {
+        namespace.removeprefix(TENANT_PREFIX): numbers
+        for namespace, numbers in snapshot.cache_by_namespace.items()
+        if namespace.startswith(TENANT_PREFIX)
+    }
+    tenant_ids = set(snapshot.running_by_tenant) | set(snapshot.waiting_by_tenant) | set(caches)
+    tenants = []
+    for tenant_id in tenant_ids:
+        cache = caches.get(tenant_id)
+        tenants.append(
+            TenantEngineState(
+                tenant_id=tenant_id,
+                tenant_name=names.get(tenant_id),
+                running=snapshot.running_by_tenant.get(tenant_id, 0),
+                waiting=snapshot.waiting_by_tenant.get(tenant_id, 0),
+                kv_pages_cached=cache.resident_pages if cache else 0,
+                hit_rate=cache.hit_rate if cache and cache.queried_tokens else None,
+            )
         )
-        for tenant_id in tenant_ids
-    ]
     tenants.sort(key=lambda t: t.tenant_name or t.tenant_id)
     return EngineState(
         tokens_per_s=tokens_per_s,

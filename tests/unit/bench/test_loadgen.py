@@ -31,9 +31,7 @@ class FakeServer:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        headers = dict(
-            line.split(": ", 1) for line in head.split("\r\n")[1:] if ": " in line
-        )
+        headers = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if ": " in line)
         lowered = {k.lower(): v for k, v in headers.items()}
         body = json.loads(await reader.readexactly(int(lowered["content-length"])))
         self.bodies.append(body)
@@ -110,9 +108,7 @@ def test_poisson_and_per_tenant_loops_send_everything() -> None:
     records, _ = serve(lambda t, _: run_poisson(t, specs, rate=200.0, seed=1), {})
     assert len(records) == 5 and all(r.ok for r in records)
     by_tenant = {"t0": specs[:4], "t1": [RequestSpec("t1", "c", 1)]}
-    records, fake = serve(
-        lambda t, _: run_per_tenant(t, by_tenant, {"t0": 4, "t1": 1}, 30), {}
-    )
+    records, fake = serve(lambda t, _: run_per_tenant(t, by_tenant, {"t0": 4, "t1": 1}, 30), {})
     assert sorted(r.tenant for r in records) == ["t0"] * 4 + ["t1"]
     assert fake.auth == [""] * 5  # no keys: no Authorization header
 
