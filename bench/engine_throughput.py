@@ -6,6 +6,7 @@ python -m bench.engine_throughput [--batches 1 8 32 64] [--decode-tokens 16]
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +16,13 @@ import torch
 
 from bench import hf_reference as hf
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging, ratio
-from bench.engine_runs import random_prompts, run_decode, run_prefill, split_shares
+from bench.engine_runs import (
+    PhaseResult,
+    random_prompts,
+    run_decode,
+    run_prefill,
+    split_shares,
+)
 from bench.plots import bar_compare
 from bench.profiling import profile_decode_steps
 
@@ -30,14 +37,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-tokens", type=int, default=16)
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--prefill-prompts", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="alternating trials; medians")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--profile", action="store_true", help="torch.profiler at batch 32")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     return parser.parse_args(argv)
 
 
+def median_run(runs: list[PhaseResult]) -> PhaseResult:
+    """The trial with the median throughput (its split goes with it)."""
+    return sorted(runs, key=lambda r: r.tok_s)[len(runs) // 2]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet_logging()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.model.export import export_hf
@@ -56,27 +72,39 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     prefill_prompts = random_prompts(args.prefill_prompts, args.prefill_len, seed=1)
-    ours = run_prefill(engine, prefill_prompts, "prefill")
-    theirs = hf.reference_prefill(reference, prefill_prompts)
+    ours_runs, theirs_runs = [], []
+    for trial in range(args.repeats):  # alternate the two systems so noise hits both
+        ours_runs.append(run_prefill(engine, prefill_prompts, f"prefill{trial}"))
+        theirs_runs.append(hf.reference_prefill(reference, prefill_prompts))
+    ours = median_run(ours_runs)
+    theirs = statistics.median(theirs_runs)
     prefill = {
         "prompt_len": args.prefill_len,
         "atrium_tok_s": ours.tok_s,
         "transformers_tok_s": theirs,
         "ratio": ratio(ours.tok_s, theirs),
+        "atrium_trials": [r.tok_s for r in ours_runs],
+        "transformers_trials": theirs_runs,
         "atrium_split": split_shares(ours.split, ours.seconds),
     }
 
     decode: list[dict[str, Any]] = []
     for batch in args.batches:
         prompts = random_prompts(batch, args.prompt_len, seed=batch)
-        ours = run_decode(engine, prompts, args.decode_tokens, f"decode{batch}")
-        theirs = hf.reference_decode(reference, prompts, args.decode_tokens)
+        ours_runs, theirs_runs = [], []
+        for trial in range(args.repeats):
+            ours_runs.append(run_decode(engine, prompts, args.decode_tokens, f"d{batch}-{trial}"))
+            theirs_runs.append(hf.reference_decode(reference, prompts, args.decode_tokens))
+        ours = median_run(ours_runs)
+        theirs = statistics.median(theirs_runs)
         decode.append(
             {
                 "batch": batch,
                 "atrium_tok_s": ours.tok_s,
                 "transformers_tok_s": theirs,
                 "ratio": ratio(ours.tok_s, theirs),
+                "atrium_trials": [r.tok_s for r in ours_runs],
+                "transformers_trials": theirs_runs,
                 "atrium_step_ms": 1e3 * ours.seconds / max(ours.num_steps, 1),
                 "atrium_split": split_shares(ours.split, ours.seconds),
             }
@@ -86,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": loaded.name,
         "dtype": "bfloat16",
         "torch_threads": torch.get_num_threads(),
+        "repeats": args.repeats,
         "decode_prompt_len": args.prompt_len,
         "decode_tokens": args.decode_tokens,
         "prefill": prefill,

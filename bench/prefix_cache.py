@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-prefix", type=int, default=2048)
     parser.add_argument("--long-repeats", type=int, default=3)
     parser.add_argument("--kv-cache-mib", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     return parser.parse_args(argv)
 
@@ -127,6 +128,8 @@ def long_prefix_ttft(loaded: LoadedModel, args: argparse.Namespace) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet_logging()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=torch.bfloat16)
     started = time.perf_counter()
     warm = make_engine(loaded, 64, True)
@@ -143,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "model": loaded.name,
         "kv_cache_mib": args.kv_cache_mib,
+        "torch_threads": torch.get_num_threads(),
         "concurrency": args.concurrency,
         "shared_prefix": {"shape": shape.__repr__(), **shared},
         "multi_turn_chat": {"shape": chat.__repr__(), **chats},

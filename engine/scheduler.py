@@ -124,6 +124,8 @@ class Scheduler:
             match = self.cache.match(
                 request.namespace, request.all_token_ids[:-1], request.allow_public_prefix
             )
+            if self._follows_inflight_prefill(request, match.num_tokens):
+                break  # its prefix is being computed right now: reuse it next step(s)
             self.cache.lock(match.node)
             request.block_table = list(match.page_ids)
             request.num_tree_pages = len(match.page_ids)
@@ -151,6 +153,33 @@ class Scheduler:
             num_cached = request.num_cached_tokens if first_admission else 0
             self.policy.charge(request, num_new, num_cached, 0)
         return budget
+
+    def _follows_inflight_prefill(self, request: Request, num_matched: int) -> bool:
+        """Whether a running prefill of the same namespace is computing pages ``request`` could
+        reuse beyond what it matched: then it waits rather than computing them a second time.
+
+        Costs O(running prefills × shared pages): the current step's work only.
+        """
+        if not self.cache.shares_pages:
+            return False
+        page = self.page_size
+        tokens = request.all_token_ids
+        reusable_limit = (len(tokens) - 1) // page * page
+        for other in self.running:
+            if other.namespace != request.namespace or other.num_remaining_tokens <= 1:
+                continue
+            if other.num_computed_tokens >= reusable_limit:
+                continue
+            shared = num_matched
+            other_tokens = other.all_token_ids
+            while (
+                shared + page <= reusable_limit
+                and tokens[shared : shared + page] == other_tokens[shared : shared + page]
+            ):
+                shared += page
+            if shared > num_matched and other.num_computed_tokens < shared:
+                return True
+        return False
 
     def _add_seq(
         self, out: SchedulerOutput, request: Request, num_new: int, scheduled: set[str]

@@ -44,6 +44,8 @@ class InsertResult(NamedTuple):
 class PrefixCache(ABC):
     """KV page resource manager seen by the engine."""
 
+    shares_pages = True  # whether computed pages can be reused by later requests
+
     def __init__(self, pool: PagePool, page_size: int) -> None:
         self.pool = pool
         self.page_size = page_size
@@ -142,6 +144,8 @@ class PrefixCache(ABC):
 
 class NoPrefixCache(PrefixCache):
     """Prefix caching off: every page stays private to its request and is freed at its end."""
+
+    shares_pages = False
 
     @property
     def num_available_pages(self) -> int:

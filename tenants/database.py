@@ -1,10 +1,12 @@
 """Async engine and sessions for SQLite (aiosqlite, WAL) and PostgreSQL (asyncpg), plus migrations.
 
-Alembic's scripts live in the top-level ``migrations`` package, found by location only.
+Alembic's scripts live in the top-level ``migrations`` package, found by location only; timeouts
+are short so an unreachable server fails calls fast (``is_unavailable`` tells those failures apart).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,7 +16,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, event, text
+from sqlalchemy import Connection, event, exc, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -27,6 +29,38 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from tenants.errors import InvalidInputError, MigrationError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_S = 3.0  # opening a PostgreSQL connection
+COMMAND_TIMEOUT_S = 10.0  # one PostgreSQL statement
+POOL_TIMEOUT_S = 5.0  # waiting for a pooled connection
+# SQLSTATE classes of a server that cannot serve: connection exceptions, insufficient resources,
+# operator intervention (shutting down, starting up).
+UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
+# SQLite reports both I/O trouble and schema mistakes as OperationalError; these are mistakes.
+SQLITE_LOGIC_ERRORS = ("no such ", "syntax error", "has no column")
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) means the database could not be reached in time:
+    refused or lost connections, timeouts, a server going away. Logic errors are not."""
+    current: BaseException | None = error
+    for _ in range(8):  # a cause chain is short; guard against cycles
+        if current is None:
+            return False
+        if isinstance(current, exc.DBAPIError) and current.connection_invalidated:
+            return True
+        sqlstate = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith(UNAVAILABLE_SQLSTATES):
+            return True
+        if isinstance(current, exc.OperationalError):
+            message = str(current.orig).lower()
+            return not any(marker in message for marker in SQLITE_LOGIC_ERRORS)
+        if isinstance(
+            current,
+            exc.InterfaceError | exc.DisconnectionError | exc.TimeoutError | OSError | TimeoutError,
+        ):
+            return True
+        current = current.__cause__
+    return False
 
 
 def script_location() -> Path:
@@ -65,7 +99,14 @@ class Database:
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
 
     @classmethod
-    async def connect(cls, url: str, *, pool_size: int = 10) -> Database:
+    async def connect(
+        cls,
+        url: str,
+        *,
+        pool_size: int = 10,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+    ) -> Database:
         parsed = make_url(url)
         if parsed.drivername == "sqlite+aiosqlite":
             engine = create_async_engine(url)
@@ -73,7 +114,12 @@ class Database:
             event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
         elif parsed.drivername == "postgresql+asyncpg":
             engine = create_async_engine(
-                url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+                url,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_pre_ping=True,
+                pool_timeout=POOL_TIMEOUT_S,
+                connect_args={"timeout": connect_timeout_s, "command_timeout": command_timeout_s},
             )
         else:
             raise InvalidInputError(
@@ -95,10 +141,10 @@ class Database:
         async with self.sessions() as session, session.begin():
             yield session
 
-    async def ping(self) -> bool:
-        """True when the database answers a trivial query (readiness)."""
+    async def ping(self, timeout_s: float | None = None) -> bool:
+        """True when the database answers a trivial query (readiness) within ``timeout_s``."""
         try:
-            async with self.engine.connect() as conn:
+            async with asyncio.timeout(timeout_s), self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
         except Exception:
             return False

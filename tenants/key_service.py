@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 
 from sqlalchemy import or_, select, update
@@ -23,6 +24,7 @@ from tenants.tenant_service import load_tenant, quotas_of, tenant_info
 from tenants.timeutil import Clock, utc_now
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)  # bounds the writes authentication makes
+REFUSAL_CHUNK = 500  # key ids per query of ``refused_keys``
 
 
 def key_info(row: ApiKey) -> KeyInfo:
@@ -129,6 +131,25 @@ class KeyService:
         if ctx.status != "active":
             raise TenantSuspendedError(f"tenant {ctx.tenant_id} is {ctx.status}")
         return ctx
+
+    async def refused_keys(self, key_ids: Collection[str]) -> dict[str, str]:
+        """Of ``key_ids``, those that would be refused now: ``"revoked"`` (also for a key that
+        no longer exists) or their tenant's status (``"suspended"``, ``"deleted"``)."""
+        ids = sorted(set(key_ids))
+        refused = {key_id: "revoked" for key_id in ids}
+        async with self._db.sessions() as session:
+            for start in range(0, len(ids), REFUSAL_CHUNK):
+                rows = await session.execute(
+                    select(ApiKey.id, ApiKey.revoked_at, Tenant.status)
+                    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                    .where(ApiKey.id.in_(ids[start : start + REFUSAL_CHUNK]))
+                )
+                for key_id, revoked_at, status in rows:
+                    if revoked_at is None and status == "active":
+                        del refused[key_id]
+                    elif revoked_at is None:
+                        refused[key_id] = status
+        return refused
 
     async def _lookup(self, prefix: str, secret: str) -> AuthContext:
         now = self._clock()

@@ -30,6 +30,9 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: datetime
     ttft_ms: float | None = None
     duration_ms: float | None = None
+    # Admitted without a budget reservation (the database was unreachable): storing the event
+    # charges its tokens to the monthly budget instead of a later settle.
+    charge_budget: bool = False
 
     def __post_init__(self) -> None:
         if not self.request_id or not self.tenant_id or not self.model:

@@ -1,7 +1,7 @@
 """Writes usage events exactly once (insert-or-ignore on request_id) and their hourly rollups.
 
-Rollups grow only by the events this very statement inserted, in the same transaction, so a
-replayed event changes nothing.
+Rollups (and the budget charge of events admitted without a reservation) grow only by the events
+this very statement inserted, in the same transaction, so a replayed event changes nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +12,34 @@ from typing import Any
 import msgspec
 
 from tenants.database import Database
-from tenants.models import UsageEventRow, UsageRollup
+from tenants.models import TokenBudget, UsageEventRow, UsageRollup
 from tenants.records import UsageEvent
-from tenants.timeutil import hour_floor
+from tenants.timeutil import hour_floor, month_period
 from tenants.upsert import insert_ignore, insert_or_add
 
 CHUNK = 200  # rows per INSERT statement (13 parameters each)
 ROLLUP_KEYS = ("tenant_id", "model", "hour")
+BUDGET_KEYS = ("tenant_id", "period")
+
+
+def event_row(event: UsageEvent) -> dict[str, Any]:
+    """The table's columns of ``event`` (``charge_budget`` is an instruction, not a column)."""
+    row = msgspec.structs.asdict(event)
+    del row["charge_budget"]
+    return row
+
+
+def budget_charges(events: Sequence[UsageEvent]) -> list[dict[str, Any]]:
+    """Tokens per tenant and month (of ``started_at``) of the events that carry no reservation."""
+    sums: dict[tuple[str, str], int] = {}
+    for event in events:
+        if event.charge_budget:
+            key = (event.tenant_id, month_period(event.started_at))
+            sums[key] = sums.get(key, 0) + event.prompt_tokens + event.completion_tokens
+    return [
+        {"tenant_id": t, "period": p, "used": used, "reserved": 0}
+        for (t, p), used in sorted(sums.items())
+    ]
 
 
 def rollup_rows(events: Sequence[UsageEvent]) -> list[dict[str, Any]]:
@@ -57,7 +78,7 @@ class UsageStore:
         inserted: set[str] = set()
         async with self._db.transaction() as session:
             for start in range(0, len(unique), CHUNK):
-                rows = [msgspec.structs.asdict(e) for e in unique[start : start + CHUNK]]
+                rows = [event_row(e) for e in unique[start : start + CHUNK]]
                 stmt = insert_ignore(self._db, UsageEventRow, rows).returning(
                     UsageEventRow.request_id
                 )
@@ -66,4 +87,7 @@ class UsageStore:
             rollups = rollup_rows(fresh)
             if rollups:
                 await session.execute(insert_or_add(self._db, UsageRollup, rollups, ROLLUP_KEYS))
+            charges = budget_charges(fresh)
+            if charges:
+                await session.execute(insert_or_add(self._db, TokenBudget, charges, BUDGET_KEYS))
         return len(fresh)

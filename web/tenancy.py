@@ -1,7 +1,7 @@
 """What the gateway needs from the tenant domain: authenticate, admit, settle and meter usage.
 
-`Tenancy` is the protocol the routes use; `InMemoryTenancy` serves tests, and `SqlTenancy` adapts
-the SQL services of `tenants/`.
+`Tenancy` is the protocol the routes use; `InMemoryTenancy` serves tests, and `SqlTenancy`
+(in ``web.tenancy_sql``) adapts the SQL services of `tenants/`, with a degraded mode.
 """
 
 from __future__ import annotations
@@ -10,25 +10,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from litestar.datastructures import State
 
-from tenants.admission import AdmissionService
-from tenants.database import Database
-from tenants.domain import TenantDomain
 from tenants.errors import (
     InvalidKeyError,
     PromptTooLargeError,
     QuotaExceededError,
     TenantSuspendedError,
 )
-from tenants.key_service import KeyService
-from tenants.records import UsageEvent
-from tenants.schemas import Admission, AuthContext, Usage
-from tenants.server_secrets import ensure_admin_token
-from web.errors import ratelimit_headers
 from web.settings import Settings
 
 
@@ -162,92 +153,10 @@ class InMemoryTenancy:
         self.closed = True
 
 
-class SqlTenancy:
-    """The tenant domain in SQL: keys, admission with reservations, and the usage meter."""
-
-    def __init__(self, keys: KeyService, admission: AdmissionService, meter: Any, db: Any) -> None:
-        self._keys = keys
-        self._admission = admission
-        self._meter = meter
-        self._db = db
-        self._contexts: dict[str, AuthContext] = {}
-
-    async def authenticate(self, secret: str) -> Principal:
-        ctx = await self._keys.authenticate(secret)
-        self._contexts[ctx.key_id] = ctx
-        return Principal(
-            ctx.tenant_id,
-            ctx.weight,
-            key_id=ctx.key_id,
-            kv_cache_share=ctx.quotas.kv_cache_share,
-        )
-
-    async def admit(
-        self, principal: Principal, request_id: str, prompt_tokens: int, max_tokens: int
-    ) -> Ticket:
-        ctx = self._contexts[principal.key_id or ""]
-        admission = await self._admission.admit(ctx, request_id, prompt_tokens, max_tokens)
-        headers = ratelimit_headers(
-            admission.limit_requests,
-            admission.remaining_requests,
-            admission.limit_tokens,
-            admission.remaining_tokens,
-        )
-        return Ticket(request_id, principal, headers, admission)
-
-    async def complete(self, ticket: Ticket, usage: UsageRecord) -> None:
-        event = UsageEvent(
-            request_id=usage.request_id,
-            tenant_id=usage.tenant_id,
-            key_id=usage.key_id,
-            model=usage.model,
-            prompt_tokens=usage.prompt_tokens,
-            cached_tokens=min(usage.cached_tokens, usage.prompt_tokens),
-            completion_tokens=usage.completion_tokens,
-            status=usage.status,  # type: ignore[arg-type]
-            started_at=usage.started_at,
-            finished_at=usage.finished_at,
-            ttft_ms=None if usage.ttft_s is None else usage.ttft_s * 1000.0,
-            duration_ms=(usage.finished_at - usage.started_at).total_seconds() * 1000.0,
-        )
-        try:
-            self._meter.record(event)
-        finally:
-            if isinstance(ticket.handle, Admission):
-                actual = Usage(
-                    prompt_tokens=event.prompt_tokens,
-                    completion_tokens=event.completion_tokens,
-                    cached_tokens=event.cached_tokens,
-                )
-                await self._admission.settle(ticket.handle, actual)
-
-    async def ready(self) -> bool:
-        return bool(await self._db.ping())
-
-    async def close(self) -> None:
-        await self._meter.flush()
-
-
 async def connect_sql_tenancy(
     settings: Settings, state: State
-) -> tuple[SqlTenancy, Callable[[], Awaitable[None]]]:
-    """Open the tenant database (migrating the embedded SQLite default), start the meter and
-    leave the services on ``state`` for the admin API."""
-    db = await Database.connect(settings.database_url)
-    if db.dialect == "sqlite":
-        await db.upgrade()
-    secret = settings.server_secret.encode() if settings.server_secret else None
-    domain = await TenantDomain.open(
-        db, spool_path=Path(settings.usage_spool_path), key_secret=secret
-    )
-    await domain.meter.start()
-    generated = await ensure_admin_token(db, settings.admin_token)
-    if generated is not None:
-        # Shown once: only its hash is stored.
-        print(f"Admin token (shown once): {generated}", flush=True)
-    state.db = db
-    state.tenant_domain = domain
-    state.key_service = domain.keys
-    state.tenant_service = domain.tenants
-    state.audit_service = domain.audit
-    return SqlTenancy(domain.keys, domain.admission, domain.meter, db), domain.close
+) -> tuple[Tenancy, Callable[[], Awaitable[None]]]:
+    """The tenant database behind the gateway (see ``web.tenancy_sql``) and its closer."""
+    from web.tenancy_sql import connect_sql_tenancy as connect
+
+    return await connect(settings, state)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import socket
 import subprocess
@@ -161,8 +160,6 @@ class ServedGateway:
 
 @pytest.fixture
 def served_gateway(tmp_path: Path, tiny_llama_dir: Path) -> Iterator[ServedGateway]:
-    if importlib.util.find_spec("web.tenancy_sql") is None:
-        pytest.skip("the gateway's SQL tenancy (web.tenancy_sql) is not available")
     port = free_port()
     env = os.environ | {
         "ATRIUM_ADMIN_TOKEN": ADMIN_TOKEN,

@@ -8,46 +8,11 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.model.export import export_hf
 from engine.model.loader import LoadedModel, load_model
-from engine.outputs import GenerateRequest
-from engine.sampling_params import SamplingParams
+from tests.support.greedy import engine_greedy, hf_greedy
 
 NUM_NEW = 10
-
-
-def engine_greedy(
-    loaded: LoadedModel, prompts: list[list[int]], num_new: int, **config: int
-) -> tuple[list[list[int]], int]:
-    engine = LLMEngine(loaded, EngineConfig(dtype="float32", **config))  # type: ignore[arg-type]
-    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(GenerateRequest(f"r{i}", prompt, params))
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished:
-        for output in engine.step():
-            tokens[output.request_id] += output.token_ids
-    assert engine.cache.pool.num_free_pages == engine.num_pages
-    return [tokens[f"r{i}"] for i in range(len(prompts))], engine.stats.num_preemptions
-
-
-def hf_greedy(model: LlamaForCausalLM, prompts: list[list[int]], num_new: int) -> list[list[int]]:
-    """Greedy decoding with transformers' own KV cache, never stopping at EOS (like ignore_eos)."""
-    results = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            out = model(torch.tensor([prompt]), use_cache=True)
-            tokens: list[int] = []
-            for _ in range(num_new):
-                token = int(out.logits[0, -1].argmax())
-                tokens.append(token)
-                out = model(
-                    torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True
-                )
-            results.append(tokens)
-    return results
 
 
 @pytest.fixture(scope="module")
@@ -103,5 +68,8 @@ def test_smollm2_chat_matches_transformers(tmp_path_factory: pytest.TempPathFact
     hf = LlamaForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
     tok = loaded.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
-    got, _ = engine_greedy(loaded, prompts, 32, num_pages=128, max_num_batched_tokens=512)
+    # With the prefix cache on: the template's system prompt is shared, so later prompts hit.
+    got, _ = engine_greedy(
+        loaded, prompts, 32, prefix_cache=True, num_pages=128, max_num_batched_tokens=512
+    )
     assert got == hf_greedy(hf, prompts, 32)

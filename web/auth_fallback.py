@@ -1,0 +1,100 @@
+"""Last-known-good authentication: keys verified against the database, served while it is down.
+
+Entries are keyed by an HMAC of the key under a per-process random salt (never the key itself),
+bounded in number and age; a key found revoked, or whose tenant was suspended, stays refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from tenants.errors import InvalidKeyError, TenantSuspendedError
+from tenants.schemas import AuthContext
+
+MAX_AGE_S = 600.0
+MAX_ENTRIES = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class KnownKey:
+    """What the database last said about one key, and when (monotonic seconds)."""
+
+    verified_at: float
+    ctx: AuthContext
+    refusal: str | None = None  # "revoked", or the tenant's status when it is not active
+
+
+class KnownKeys:
+    """The keys this process verified lately; ``lookup`` answers as the database last did."""
+
+    def __init__(
+        self,
+        max_age_s: float = MAX_AGE_S,
+        max_entries: int = MAX_ENTRIES,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_age_s = max_age_s
+        self._max_entries = max_entries
+        self._monotonic = monotonic
+        self._salt = secrets.token_bytes(32)
+        self._entries: OrderedDict[str, KnownKey] = OrderedDict()  # oldest verification first
+
+    def remember(self, secret: str, ctx: AuthContext) -> None:
+        """The database just accepted ``secret`` for ``ctx``."""
+        self._put(self._digest(secret), KnownKey(self._monotonic(), ctx))
+
+    def refuse(self, secret: str, reason: str) -> None:
+        """The database just refused ``secret``; only keys once accepted are remembered."""
+        digest = self._digest(secret)
+        entry = self._entries.get(digest)
+        if entry is not None:
+            self._put(digest, KnownKey(self._monotonic(), entry.ctx, reason))
+
+    def refuse_keys(self, refusals: Mapping[str, str]) -> None:
+        """Mark the entries of these key ids refused (``key_id -> reason``)."""
+        for digest, entry in list(self._entries.items()):
+            reason = refusals.get(entry.ctx.key_id)
+            if reason is not None and entry.refusal is None:
+                self._entries[digest] = KnownKey(entry.verified_at, entry.ctx, reason)
+
+    def accepted_key_ids(self) -> set[str]:
+        return {e.ctx.key_id for e in self._entries.values() if e.refusal is None}
+
+    def lookup(self, secret: str) -> AuthContext | None:
+        """The context last verified for ``secret``, None when unknown or too old; raises
+        InvalidKeyError or TenantSuspendedError for a key the database last refused."""
+        self._expire()
+        entry = self._entries.get(self._digest(secret))
+        if entry is None:
+            return None
+        if entry.refusal == "revoked":
+            raise InvalidKeyError("unknown or revoked API key")
+        if entry.refusal is not None:
+            raise TenantSuspendedError(f"tenant {entry.ctx.tenant_id} is {entry.refusal}")
+        return entry.ctx
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _digest(self, secret: str) -> str:
+        return hmac.new(self._salt, secret.encode(), hashlib.sha256).hexdigest()
+
+    def _put(self, digest: str, entry: KnownKey) -> None:
+        self._entries.pop(digest, None)
+        self._entries[digest] = entry
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+
+    def _expire(self) -> None:
+        oldest_allowed = self._monotonic() - self._max_age_s
+        while self._entries:
+            digest, entry = next(iter(self._entries.items()))
+            if entry.verified_at >= oldest_allowed:
+                return
+            del self._entries[digest]

@@ -1,0 +1,251 @@
+"""The gateway's tenancy over the SQL services of `tenants/`, serving on when the database is away.
+
+While the database is unreachable, keys verified lately still authenticate, admission runs on
+in-process limits, usage goes to the meter's spool and settlements wait; all of it is reconciled
+once the monitor sees the database answer again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import structlog
+from litestar.datastructures import State
+from prometheus_client import CollectorRegistry
+
+from tenants.admission import AdmissionService
+from tenants.database import Database
+from tenants.domain import TenantDomain
+from tenants.errors import InvalidKeyError, TenantSuspendedError
+from tenants.key_service import KeyService
+from tenants.meter import UsageMeter
+from tenants.records import UsageEvent
+from tenants.schemas import Admission, AuthContext, Usage
+from tenants.server_secrets import ensure_admin_token
+from tenants.timeutil import month_period
+from web.auth_fallback import KnownKeys
+from web.db_monitor import DatabaseMonitor, DegradedMetrics
+from web.degraded_admission import LocalAdmission, LocalTicket
+from web.errors import ratelimit_headers, unavailable
+from web.settings import Settings
+from web.tenancy import Principal, Ticket, UsageRecord
+
+log = structlog.get_logger("atrium.web")
+RETRY_AFTER_S = 5.0  # what a key never verified before an outage is told
+
+
+class SqlTenancy:
+    """Keys, admission with reservations and the usage meter, with a degraded mode."""
+
+    def __init__(
+        self,
+        keys: KeyService,
+        admission: AdmissionService,
+        meter: UsageMeter,
+        db: Database,
+        *,
+        registry: CollectorRegistry | None = None,
+        known_keys: KnownKeys | None = None,
+        sweep_interval_s: float = 2.0,
+    ) -> None:
+        self._keys = keys
+        self._admission = admission
+        self._meter = meter
+        self._contexts: dict[str, AuthContext] = {}
+        self.metrics = DegradedMetrics(registry or CollectorRegistry())
+        self.known = known_keys or KnownKeys()
+        self.local = LocalAdmission(self.metrics)
+        self.monitor = DatabaseMonitor(db.ping, self.metrics, sweep_interval_s=sweep_interval_s)
+        self.monitor.sweep = self._sweep_refusals
+        self.monitor.recovery_hooks += [self._retry_settles, self._meter.flush]
+        self._pending: dict[str, tuple[Admission, Usage]] = {}
+
+    def start(self) -> None:
+        self.monitor.start()
+
+    async def authenticate(self, secret: str) -> Principal:
+        if not self.monitor.down:
+            try:
+                ctx = await self._keys.authenticate(secret)
+            except InvalidKeyError:
+                self.known.refuse(secret, "revoked")
+                raise
+            except TenantSuspendedError:
+                self.known.refuse(secret, "suspended")
+                raise
+            except Exception as error:
+                if not self.monitor.report(error):
+                    raise
+            else:
+                self.known.remember(secret, ctx)
+                return self._principal(ctx)
+        known = self.known.lookup(secret)
+        if known is None:
+            self.metrics.unverified_keys.inc()
+            raise unavailable(
+                "The tenant database is unreachable and this key was not verified recently.",
+                RETRY_AFTER_S,
+                code="database_unavailable",
+            )
+        return self._principal(known)
+
+    async def admit(
+        self, principal: Principal, request_id: str, prompt_tokens: int, max_tokens: int
+    ) -> Ticket:
+        ctx = self._contexts[principal.key_id or ""]
+        ambiguous = False
+        if not self.monitor.down:
+            try:
+                admission = await self._admission.admit(ctx, request_id, prompt_tokens, max_tokens)
+            except Exception as error:
+                if not self.monitor.report(error):
+                    raise
+                ambiguous = True
+            else:
+                return Ticket(request_id, principal, _headers(admission), admission)
+        local = self.local.admit(
+            ctx,
+            request_id,
+            prompt_tokens,
+            max_tokens,
+            outage=self.monitor.outages,
+            ambiguous=ambiguous,
+        )
+        return Ticket(request_id, principal, _headers(local), local)
+
+    async def complete(self, ticket: Ticket, usage: UsageRecord) -> None:
+        handle = ticket.handle
+        event = UsageEvent(
+            request_id=usage.request_id,
+            tenant_id=usage.tenant_id,
+            key_id=usage.key_id,
+            model=usage.model,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=min(usage.cached_tokens, usage.prompt_tokens),
+            completion_tokens=usage.completion_tokens,
+            status=usage.status,  # type: ignore[arg-type]
+            started_at=usage.started_at,
+            finished_at=usage.finished_at,
+            ttft_ms=None if usage.ttft_s is None else usage.ttft_s * 1000.0,
+            duration_ms=(usage.finished_at - usage.started_at).total_seconds() * 1000.0,
+            charge_budget=isinstance(handle, LocalTicket),
+        )
+        actual = Usage(
+            prompt_tokens=event.prompt_tokens,
+            completion_tokens=event.completion_tokens,
+            cached_tokens=event.cached_tokens,
+        )
+        try:
+            self._meter.record(event)
+        finally:
+            if isinstance(handle, LocalTicket):
+                self.local.release(handle, actual.total_tokens)
+                if handle.ambiguous:
+                    # The event charges the tokens; settling with nothing only frees a
+                    # reservation that the interrupted admission may have committed.
+                    await self._settle(
+                        _stray(handle, usage.started_at),
+                        Usage(prompt_tokens=0, completion_tokens=0),
+                    )
+            elif isinstance(handle, Admission):
+                await self._settle(handle, actual)
+
+    async def ready(self) -> bool:
+        return await self.monitor.check()
+
+    async def close(self) -> None:
+        await self.monitor.stop()
+        if not self.monitor.down:
+            await self._retry_settles()
+        if self._pending:
+            log.warning("settles_abandoned", count=len(self._pending))
+        await self._meter.flush()
+
+    def _principal(self, ctx: AuthContext) -> Principal:
+        self._contexts[ctx.key_id] = ctx
+        return Principal(
+            ctx.tenant_id, ctx.weight, key_id=ctx.key_id, kv_cache_share=ctx.quotas.kv_cache_share
+        )
+
+    async def _settle(self, admission: Admission, usage: Usage) -> None:
+        if not self.monitor.down:
+            try:
+                await self._admission.settle(admission, usage)
+                return
+            except Exception as error:
+                if not self.monitor.report(error):
+                    raise
+        self._pending[admission.request_id] = (admission, usage)
+        self.metrics.pending_settles.set(len(self._pending))
+
+    async def _retry_settles(self) -> None:
+        """Settle what waited for the database (settle is idempotent per request id)."""
+        for request_id, (admission, usage) in list(self._pending.items()):
+            await self._admission.settle(admission, usage)
+            del self._pending[request_id]
+            self.metrics.pending_settles.set(len(self._pending))
+
+    async def _sweep_refusals(self) -> None:
+        """Learn of revocations and suspensions made elsewhere before an outage hides them."""
+        key_ids = self.known.accepted_key_ids()
+        if key_ids:
+            self.known.refuse_keys(await self._keys.refused_keys(key_ids))
+
+
+def _headers(grant: Admission | LocalTicket) -> dict[str, str]:
+    return ratelimit_headers(
+        grant.limit_requests, grant.remaining_requests, grant.limit_tokens, grant.remaining_tokens
+    )
+
+
+def _stray(ticket: LocalTicket, at: datetime) -> Admission:
+    return Admission(
+        request_id=ticket.request_id,
+        tenant_id=ticket.tenant_id,
+        key_id=ticket.key_id,
+        reserved_tokens=ticket.reserved_tokens,
+        period=month_period(at),
+        admitted_at=at.astimezone(UTC),
+    )
+
+
+async def connect_sql_tenancy(
+    settings: Settings, state: State
+) -> tuple[SqlTenancy, Callable[[], Awaitable[None]]]:
+    """Open the tenant database (migrating the embedded SQLite default), start the meter and
+    the outage monitor, and leave the services on ``state`` for the admin API."""
+    db = await Database.connect(settings.database_url)
+    if db.dialect == "sqlite":
+        await db.upgrade()
+    secret = settings.server_secret.encode() if settings.server_secret else None
+    domain = await TenantDomain.open(
+        db, spool_path=Path(settings.usage_spool_path), key_secret=secret
+    )
+    await domain.meter.start()
+    generated = await ensure_admin_token(db, settings.admin_token)
+    if generated is not None:
+        # Shown once: only its hash is stored.
+        print(f"Admin token (shown once): {generated}", flush=True)
+    state.db = db
+    state.tenant_domain = domain
+    state.key_service = domain.keys
+    state.tenant_service = domain.tenants
+    state.audit_service = domain.audit
+    metrics = state.get("metrics")
+    registry = getattr(metrics, "registry", None)
+    tenancy = SqlTenancy(
+        domain.keys,
+        domain.admission,
+        domain.meter,
+        db,
+        registry=registry if isinstance(registry, CollectorRegistry) else None,
+    )
+    tenancy.start()
+
+    async def close() -> None:
+        await tenancy.monitor.stop()
+        await domain.close()
+
+    return tenancy, close
