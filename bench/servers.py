@@ -118,4 +118,5 @@ def start_vllm(python: Path, model_dir: Path, port: int, log_dir: Path) -> Serve
     argv += ["--served-model-name", "smollm2", "--host", HOST, "--port", str(port)]
     argv += ["--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "32"]
     argv += ["--enable-prefix-caching", "--enable-chunked-prefill"]
+    argv += ["--enable-prompt-tokens-details"]  # cached_tokens in usage, as Atrium reports
     return _spawn("vllm", argv, env, log_dir / "vllm.log", f"http://{HOST}:{port}")

@@ -23,7 +23,6 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.testing import TestClient
 from sqlalchemy import text
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -100,17 +99,16 @@ class BulkWriter:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        sqlite_datetime = sqlite.DATETIME().bind_processor(sqlite.dialect())
-        assert sqlite_datetime is not None
 
-        def stored(value: datetime) -> Any:
-            naive = value.astimezone(UTC).replace(tzinfo=None)  # UtcDateTime stores naive UTC
-            return naive if db.dialect == "postgresql" else sqlite_datetime(naive)
-
-        self._stored = stored
+    def stored(self, value: datetime) -> datetime | str:
+        """What ``UtcDateTime`` stores: naive UTC (as ISO text on SQLite, like SQLAlchemy)."""
+        naive = value.astimezone(UTC).replace(tzinfo=None)
+        if self._db.dialect == "postgresql":
+            return naive
+        return naive.isoformat(sep=" ", timespec="microseconds")
 
     def row(self, values: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple(self._stored(v) if isinstance(v, datetime) else v for v in values)
+        return tuple(self.stored(v) if isinstance(v, datetime) else v for v in values)
 
     async def write(self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
         async with self._db.engine.connect() as conn:
@@ -159,8 +157,11 @@ async def bulk_load(db: Database, events: int, tenants: int, seed: int = 0) -> L
         await writer.write(
             UsageRollup.__tablename__, ROLLUP_COLUMNS, rollups[first : first + CHUNK]
         )
-    async with db.engine.begin() as conn:
-        await conn.execute(text("ANALYZE"))  # what autovacuum (or PRAGMA optimize) would do
+    # Fresh planner statistics (and PostgreSQL's visibility map for index-only scans), as
+    # autovacuum or SQLite's PRAGMA optimize leave them on a database that has been running.
+    async with db.engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(text("VACUUM ANALYZE" if db.dialect == "postgresql" else "ANALYZE"))
     return Loaded(tenant_ids, events, len(rollups), time.perf_counter() - began)
 
 

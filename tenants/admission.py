@@ -99,14 +99,7 @@ class AdmissionService:
             if held is None:
                 return False
             tenant_id, period, reserved = held
-            await session.execute(
-                update(TokenBudget)
-                .where(TokenBudget.tenant_id == tenant_id, TokenBudget.period == period)
-                .values(
-                    reserved=TokenBudget.reserved - reserved,
-                    used=TokenBudget.used + usage.total_tokens,
-                )
-            )
+            # Rows are locked in admit's order (bucket, then budget): the reverse deadlocks.
             refund = max(0, reserved - usage.total_tokens)  # unused max_tokens flow back
             await session.execute(
                 update(RateBucket)
@@ -117,6 +110,14 @@ class AdmissionService:
                         (RateBucket.tokens_drawn > refund, RateBucket.tokens_drawn - refund),
                         else_=0.0,
                     ),
+                )
+            )
+            await session.execute(
+                update(TokenBudget)
+                .where(TokenBudget.tenant_id == tenant_id, TokenBudget.period == period)
+                .values(
+                    reserved=TokenBudget.reserved - reserved,
+                    used=TokenBudget.used + usage.total_tokens,
                 )
             )
         return True

@@ -54,9 +54,10 @@ def is_unavailable(error: BaseException) -> bool:
         if isinstance(current, exc.OperationalError):
             message = str(current.orig).lower()
             return not any(marker in message for marker in SQLITE_LOGIC_ERRORS)
+        if isinstance(current, exc.TimeoutError):
+            return False  # the pool is exhausted: this process is busy, the server may be fine
         if isinstance(
-            current,
-            exc.InterfaceError | exc.DisconnectionError | exc.TimeoutError | OSError | TimeoutError,
+            current, exc.InterfaceError | exc.DisconnectionError | OSError | TimeoutError
         ):
             return True
         current = current.__cause__

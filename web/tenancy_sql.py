@@ -14,9 +14,10 @@ from pathlib import Path
 import structlog
 from litestar.datastructures import State
 from prometheus_client import CollectorRegistry
+from sqlalchemy import exc as sa_exc
 
 from tenants.admission import AdmissionService
-from tenants.database import Database
+from tenants.database import Database, is_unavailable
 from tenants.domain import TenantDomain
 from tenants.errors import InvalidKeyError, TenantSuspendedError
 from tenants.key_service import KeyService
@@ -76,8 +77,7 @@ class SqlTenancy:
                 self.known.refuse(secret, "suspended")
                 raise
             except Exception as error:
-                if not self.monitor.report(error):
-                    raise
+                self._degrade_or_raise(error)
             else:
                 self.known.remember(secret, ctx)
                 return self._principal(ctx)
@@ -100,8 +100,7 @@ class SqlTenancy:
             try:
                 admission = await self._admission.admit(ctx, request_id, prompt_tokens, max_tokens)
             except Exception as error:
-                if not self.monitor.report(error):
-                    raise
+                self._degrade_or_raise(error)
                 ambiguous = True
             else:
                 return Ticket(request_id, principal, _headers(admission), admission)
@@ -157,11 +156,25 @@ class SqlTenancy:
 
     async def close(self) -> None:
         await self.monitor.stop()
-        if not self.monitor.down:
+        try:  # one last try, even in an outage: the database may be back already
             await self._retry_settles()
+        except Exception as error:
+            if not is_unavailable(error):
+                raise
         if self._pending:
             log.warning("settles_abandoned", count=len(self._pending))
         await self._meter.flush()
+
+    def _degrade_or_raise(self, error: Exception) -> None:
+        """Return when ``error`` means the database is unreachable (serve degraded), else raise:
+        a busy pool is 503 (retry soon), anything else propagates."""
+        if self.monitor.report(error):
+            return
+        if isinstance(error, sa_exc.TimeoutError):
+            raise unavailable(
+                "The tenant database is busy; retry shortly.", 1.0, code="database_busy"
+            ) from error
+        raise error
 
     def _principal(self, ctx: AuthContext) -> Principal:
         self._contexts[ctx.key_id] = ctx

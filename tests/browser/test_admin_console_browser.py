@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -27,11 +28,12 @@ from tenants.key_service import KeyService
 from tenants.records import UsageEvent
 from tenants.server_secrets import load_key_secret
 from tenants.usage_store import UsageStore
-from tests.browser.console_flow import ADMIN_TOKEN, walk_the_console
+from tests.browser.console_flow import ADMIN_TOKEN, Usage, walk_the_console
 from tests.integration.test_admin_app import build_admin_app, migrated_sqlite
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 T = TypeVar("T")
+RECORDED = Usage(prompt_tokens=1234, cached_tokens=200, completion_tokens=56)
 
 
 def in_thread(work: Callable[[], T]) -> T:
@@ -57,8 +59,8 @@ class RecordingGateway:
     def model(self, key: str) -> str:
         return "tiny-model"
 
-    def complete(self, key: str) -> int:
-        async def run() -> int:
+    def complete(self, key: str) -> int | Usage:
+        async def run() -> int | Usage:
             db = await Database.connect(self.url)
             try:
                 keys = KeyService(db, await load_key_secret(db), AuthCache(ttl_s=0.0))
@@ -75,16 +77,16 @@ class RecordingGateway:
                             tenant_id=ctx.tenant_id,
                             key_id=ctx.key_id,
                             model="tiny-model",
-                            prompt_tokens=1234,
-                            cached_tokens=200,
-                            completion_tokens=56,
+                            prompt_tokens=RECORDED.prompt_tokens,
+                            cached_tokens=RECORDED.cached_tokens,
+                            completion_tokens=RECORDED.completion_tokens,
                             status="ok",
                             started_at=now,
                             finished_at=now,
                         )
                     ]
                 )
-                return 200
+                return RECORDED
             finally:
                 await db.close()
 
@@ -127,35 +129,42 @@ def recording_gateway(tmp_path: Path) -> Iterator[RecordingGateway]:
 def test_console_walkthrough(
     page: Any, recording_gateway: RecordingGateway, artifacts: Path
 ) -> None:
-    walk_the_console(page, recording_gateway, artifacts)
+    assert walk_the_console(page, recording_gateway, artifacts) == RECORDED
     assert recording_gateway.calls == 1
 
 
 class ServedGateway:
-    """A real `atrium serve` process on a tiny model; completions go through the OpenAI route."""
+    """A real `atrium serve` process on a tiny model; completions through the `openai` client."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url
 
-    def model(self, key: str) -> str:
-        response = httpx.get(
-            f"{self.base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}
+    def client(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.base_url}/v1", api_key=key, max_retries=0, timeout=120
         )
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
 
-    def complete(self, key: str) -> int:
-        headers = {"Authorization": f"Bearer {key}"}
-        models = httpx.get(f"{self.base_url}/v1/models", headers=headers)
-        if models.status_code != 200:
-            return models.status_code
-        body = {
-            "model": models.json()["data"][0]["id"],
-            "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Hello there"}],
-        }
-        url = f"{self.base_url}/v1/chat/completions"
-        return httpx.post(url, headers=headers, json=body, timeout=120).status_code
+    def model(self, key: str) -> str:
+        with self.client(key) as client:
+            return client.models.list().data[0].id
+
+    def complete(self, key: str) -> int | Usage:
+        with self.client(key) as client:
+            try:
+                reply = client.chat.completions.create(
+                    model=self.model(key),
+                    max_tokens=8,
+                    messages=[{"role": "user", "content": "Hello there"}],
+                )
+            except openai.APIStatusError as error:
+                return error.status_code
+        assert reply.usage is not None
+        details = reply.usage.prompt_tokens_details
+        return Usage(
+            prompt_tokens=reply.usage.prompt_tokens,
+            cached_tokens=(details.cached_tokens or 0) if details is not None else 0,
+            completion_tokens=reply.usage.completion_tokens,
+        )
 
 
 @pytest.fixture

@@ -77,9 +77,7 @@ class TcpProxy:
         pair = (writer.transport, upstream_writer.transport)
         self._transports.update(pair)
         try:
-            await asyncio.gather(
-                _pipe(reader, upstream_writer), _pipe(upstream_reader, writer)
-            )
+            await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
         finally:
             for transport in pair:
                 self._transports.discard(transport)

@@ -61,7 +61,30 @@ def when(value: datetime | None) -> str:
 def compact(value: Any) -> str:
     if value is None:
         return "—"
+    if isinstance(value, str):
+        return value
     return json.dumps(msgspec.to_builtins(value), sort_keys=True, separators=(",", ":"))
+
+
+def _flat(snapshot: Any, prefix: str = "") -> dict[str, Any]:
+    """A snapshot's fields with nested objects flattened to dotted names (``quotas.x``)."""
+    flat: dict[str, Any] = {}
+    for key, value in (msgspec.to_builtins(snapshot) or {}).items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changes(before: Any, after: Any) -> list[tuple[str, str, str]]:
+    """``(field, was, now)`` for each field an audited change set, changed or cleared."""
+    old, new = _flat(before), _flat(after)
+    return [
+        (name, compact(old.get(name)), compact(new.get(name)))
+        for name in sorted(old.keys() | new.keys())
+        if old.get(name) != new.get(name)
+    ]
 
 
 def static(path: str) -> str:
@@ -75,7 +98,9 @@ def build_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=num, limit=limit, share=share, money=money, when=when, compact=compact)
+    env.filters.update(
+        num=num, limit=limit, share=share, money=money, when=when, compact=compact, changes=changes
+    )
     env.globals.update(static=static, root=ROOT, api=API, nav=NAV)
     return env
 

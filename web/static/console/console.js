@@ -61,6 +61,15 @@ const Atrium = (() => {
     return body;
   }
 
+  // Re-render one server-rendered section in place, from a fresh copy of this page.
+  async function refreshSection(id) {
+    const response = await fetch(window.location.href, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const html = await response.text();
+    const fresh = new DOMParser().parseFromString(html, "text/html").getElementById(id);
+    if (fresh) document.getElementById(id)?.replaceWith(fresh);
+  }
+
   async function submitApiForm(event) {
     const form = event.target;
     if (!form.dataset.api) return;
@@ -74,6 +83,7 @@ const Atrium = (() => {
         document.getElementById("secret-box").hidden = false;
         form.hidden = true;
         notice("");
+        if (form.dataset.refresh) await refreshSection(form.dataset.refresh);
       } else {
         window.location.reload();
       }

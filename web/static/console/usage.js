@@ -56,12 +56,46 @@
         animation: false,
         maintainAspectRatio: false,
         scales: {
-          x: { stacked: true },
+          x: { stacked: true, ticks: { maxRotation: 0, autoSkip: true, maxTicksLimit: 12 } },
           y: { stacked: true, ticks: { callback: (v) => format.int(v) }, title: { display: true, text: "tokens" } },
         },
         plugins: { tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${format.int(c.parsed.y)}` } } },
       },
     });
+  }
+
+  // Totals per tenant over the buckets, largest token users first; names from the tenant picker.
+  function drawTenants(buckets) {
+    const names = new Map(
+      [...document.getElementById("usage-form").tenant_id.options].map((o) => [o.value, o.text]));
+    const sums = new Map();
+    for (const b of buckets) {
+      const sum = sums.get(b.tenant_id) ?? { requests: 0, prompt: 0, cached: 0, completion: 0 };
+      sum.requests += b.requests;
+      sum.prompt += b.prompt_tokens;
+      sum.cached += b.cached_tokens;
+      sum.completion += b.completion_tokens;
+      sums.set(b.tenant_id, sum);
+    }
+    const rows = [...sums.entries()].sort(
+      ([, a], [, b]) => b.prompt + b.completion - (a.prompt + a.completion));
+    const body = document.querySelector("#usage-tenants tbody");
+    body.replaceChildren();
+    for (const [tenantId, sum] of rows) {
+      const row = document.createElement("tr");
+      row.dataset.tenantId = tenantId;
+      const cells = [names.get(tenantId) ?? tenantId, ...[sum.requests, sum.prompt, sum.cached,
+        sum.completion].map(format.int)];
+      cells.forEach((text, i) => {
+        const td = document.createElement("td");
+        td.textContent = text;
+        if (i > 0) td.className = "num";
+        row.append(td);
+      });
+      body.append(row);
+    }
+    document.getElementById("usage-tenants").hidden = rows.length === 0;
+    document.getElementById("usage-tenants-empty").hidden = rows.length > 0;
   }
 
   async function load(granularity, count, tenantId) {
@@ -72,6 +106,7 @@
     const buckets = await api("GET", `${Atrium.apiRoot}/usage?${params}`);
     const points = series(buckets, start, end, granularity);
     draw(granularity, points);
+    if (granularity === "day") drawTenants(buckets);
     return points;
   }
 
@@ -81,12 +116,18 @@
     const tenantId = form.tenant_id.value;
     try {
       await load("hour", Number(form.hours.value) || 48, tenantId);
-      const days = await load("day", Number(form.days.value) || 30, tenantId);
+      const dayCount = Number(form.days.value) || 30;
+      const days = await load("day", dayCount, tenantId);
       const total = (field) => days.reduce((acc, p) => acc + p[field], 0);
       document.getElementById("usage-requests").textContent = format.int(total("requests"));
       document.getElementById("usage-prompt").textContent = format.int(total("prompt"));
       document.getElementById("usage-cached").textContent = format.int(total("cached"));
       document.getElementById("usage-completion").textContent = format.int(total("completion"));
+      document.getElementById("usage-cached-share").textContent =
+        total("prompt") ? format.pct(total("cached") / total("prompt")) : "–";
+      for (const span of document.querySelectorAll(".usage-days")) {
+        span.textContent = format.int(dayCount);
+      }
       notice("");
     } catch (error) {
       notice(`Usage unavailable: ${error.message}`);
