@@ -10,7 +10,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -164,8 +164,8 @@ async def run_poisson(
 
 async def run_per_tenant(
     target: Target,
-    specs_by_tenant: dict[str, Sequence[RequestSpec]],
-    concurrency_by_tenant: dict[str, int],
+    specs_by_tenant: Mapping[str, Sequence[RequestSpec]],
+    concurrency_by_tenant: Mapping[str, int],
     deadline_s: float = 600.0,
 ) -> list[RequestRecord]:
     """One closed loop per tenant, all at once (e.g. one tenant flooding the others)."""

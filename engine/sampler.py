@@ -44,9 +44,27 @@ class Sampler:
         if len(params) != num_seqs or len(generators) != num_seqs:
             raise ValueError("one SamplingParams and one generator slot per logits row")
         logits = logits.float()
-        token_ids = torch.empty(num_seqs, dtype=torch.long, device=logits.device)
         greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
         random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if not random_rows:  # the common all-greedy step: one argmax over the batch
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = self._choose(logits, params, generators, greedy_rows, random_rows)
+        logprobs: list[float] | None = None
+        if return_logprobs:
+            all_logprobs = torch.log_softmax(logits, dim=-1)
+            logprobs = all_logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
+        return SamplerOutput(token_ids.tolist(), logprobs)
+
+    def _choose(
+        self,
+        logits: torch.Tensor,  # [num_seqs, vocab_size] float32
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        greedy_rows: list[int],
+        random_rows: list[int],
+    ) -> torch.Tensor:  # [num_seqs] int64
+        token_ids = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         if greedy_rows:
             rows = torch.tensor(greedy_rows, device=logits.device)
             token_ids[rows] = logits[rows].argmax(dim=-1)
@@ -56,11 +74,7 @@ class Sampler:
                 logits[rows], [params[i] for i in random_rows], [generators[i] for i in random_rows]
             )
             token_ids[rows] = chosen
-        logprobs: list[float] | None = None
-        if return_logprobs:
-            all_logprobs = torch.log_softmax(logits, dim=-1)
-            logprobs = all_logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
-        return SamplerOutput(token_ids.tolist(), logprobs)
+        return token_ids
 
     def _sample_rows(
         self,

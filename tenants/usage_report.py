@@ -1,15 +1,17 @@
 """Usage over a window from the hourly rollups, per tenant, by hour or by day (UTC).
 
-The database sums each bucket, in (tenant, hour) order off the covering index
-``ix_usage_rollups_tenant_id_hour``; Python only turns the rows into buckets.
+The database sums each bucket off a covering index (migration 0002); Python only sorts the rows
+by tenant and turns them into buckets.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, type_coerce
+from sqlalchemy import BigInteger, ColumnElement, cast, func, select, type_coerce
+from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.types import NullType
 
 from tenants.database import Database
@@ -20,6 +22,8 @@ from tenants.timeutil import check_window
 R = UsageRollup
 # SQLite keeps datetimes as ISO text ``YYYY-MM-DD HH:MM:SS.ffffff``: a day is its first 10 chars.
 SQLITE_DAY_CHARS = 10
+BY_TENANT = itemgetter(0)  # a stable sort keeps each tenant's buckets in time order
+SUMS = (R.requests, R.prompt_tokens, R.cached_tokens, R.completion_tokens)
 
 
 def bucket_start(dialect: str, granularity: Granularity) -> ColumnElement[Any]:
@@ -31,6 +35,12 @@ def bucket_start(dialect: str, granularity: Granularity) -> ColumnElement[Any]:
     if dialect == "postgresql":
         return func.date_trunc("day", R.hour)
     return func.substr(R.hour, 1, SQLITE_DAY_CHARS)
+
+
+def _total(column: InstrumentedAttribute[int]) -> ColumnElement[int]:
+    # PostgreSQL sums bigints as numeric, which the driver would decode into Decimals (slowly);
+    # a month of hourly sums fits a bigint many times over.
+    return cast(func.sum(column), BigInteger)
 
 
 def as_utc(value: datetime | str) -> datetime:
@@ -61,31 +71,24 @@ class UsageReport:
         if tenant_id is not None:
             where.append(R.tenant_id == tenant_id)
         stmt = (
-            select(
-                R.tenant_id,
-                bucket,
-                func.sum(R.requests),
-                func.sum(R.prompt_tokens),
-                func.sum(R.cached_tokens),
-                func.sum(R.completion_tokens),
-            )
+            select(R.tenant_id, bucket, *(_total(column) for column in SUMS))
             .where(*where)
-            .group_by(R.tenant_id, bucket)
-            .order_by(R.tenant_id, bucket)
+            # Index order (hour, then tenant): the database streams the groups, no hash or sort.
+            .group_by(bucket, R.tenant_id)
+            .order_by(bucket, R.tenant_id)
         )
         async with self._db.engine.connect() as conn:
             rows = (await conn.execute(stmt)).all()
         starts: dict[datetime | str, datetime] = {}  # every tenant shares the same few starts
-        # PostgreSQL sums bigints as numeric: int() turns its Decimals back into ints.
         return [
             UsageBucket(
                 tenant_id=tenant,
                 start=starts.get(at) or starts.setdefault(at, as_utc(at)),
-                requests=int(requests),
-                prompt_tokens=int(prompt),
-                cached_tokens=int(cached),
-                completion_tokens=int(completion),
+                requests=requests,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                completion_tokens=completion,
             )
-            for tenant, at, requests, prompt, cached, completion in rows
+            for tenant, at, requests, prompt, cached, completion in sorted(rows, key=BY_TENANT)
             if requests
         ]

@@ -30,10 +30,24 @@ class _Chunk:
 class _Plan:
     page_size: int
     write_rows: torch.Tensor  # [num_tokens] int64 flat-cache rows of the new tokens' K
+    write_v_rows: torch.Tensor  # [num_tokens] int64 the same for V (``write_rows + page_size``)
     decode_rows: torch.Tensor  # [num_decodes] int64 rows of the batch that are decodes
     decode_k_rows: torch.Tensor  # [num_decodes, max_kv_len] int64 flat-cache rows of K
     decode_bias: torch.Tensor  # [num_decodes, 1, 1, max_kv_len] float32: 0 or -inf (padding)
     chunks: list[_Chunk]
+    # Built by the first layer (it needs the cache's head count), reused by the others:
+    # [2, num_decodes, num_kv_heads, max_kv_len] int64 rows of the cache seen as [-1, head_dim].
+    decode_head_rows: torch.Tensor | None = None
+
+    def head_rows(self, num_kv_heads: int) -> torch.Tensor:
+        """K and V rows of every decode, head-major, so one gather lands in matmul layout."""
+        if self.decode_head_rows is None:
+            rows = self.decode_k_rows * num_kv_heads  # [num_decodes, max_kv_len]
+            heads = torch.arange(num_kv_heads, device=rows.device)[:, None]  # [kv_heads, 1]
+            k_rows = rows[:, None, :] + heads  # [num_decodes, kv_heads, max_kv_len]
+            v_rows = k_rows + self.page_size * num_kv_heads
+            self.decode_head_rows = torch.stack((k_rows, v_rows))
+        return self.decode_head_rows
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -64,10 +78,14 @@ class TorchAttentionBackend(AttentionBackend):
         if decode_seqs:
             kv_lens = torch.tensor([meta.kv_lens[i] for i in decode_seqs], dtype=torch.int64)
             max_pages = max(kv_indptr[i + 1] - kv_indptr[i] for i in decode_seqs)
-            page_table = torch.zeros(len(decode_seqs), max_pages, dtype=torch.int64)
-            for row, i in enumerate(decode_seqs):
-                seq_pages = pages[kv_indptr[i] : kv_indptr[i + 1]]
-                page_table[row, : seq_pages.shape[0]] = seq_pages
+            page_ids = meta.kv_indices.tolist()
+            # Padded with page 0: its rows are read but masked out by the bias.
+            padded = [
+                page_ids[kv_indptr[i] : kv_indptr[i + 1]]
+                + [0] * (max_pages - kv_indptr[i + 1] + kv_indptr[i])
+                for i in decode_seqs
+            ]
+            page_table = torch.tensor(padded, dtype=torch.int64)  # [num_decodes, max_pages]
             offsets = torch.arange(ps, dtype=torch.int64)
             # [num_decodes, max_pages, page_size] -> [num_decodes, max_kv_len]
             rows = (page_table[:, :, None] * (2 * ps) + offsets).flatten(1)
@@ -83,6 +101,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._plan = _Plan(
             page_size=ps,
             write_rows=write_rows,
+            write_v_rows=write_rows + ps,
             decode_rows=decode_rows.to(device),
             decode_k_rows=decode_k_rows.to(device),
             decode_bias=decode_bias.to(device),
@@ -123,12 +142,12 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
         flat = kv_cache.view(-1, num_kv_heads, head_dim)  # [num_pages * 2 * page_size, kvh, d]
         flat.index_copy_(0, plan.write_rows, k)
-        flat.index_copy_(0, plan.write_rows + plan.page_size, v)
+        flat.index_copy_(0, plan.write_v_rows, v)
         if not plan.chunks:  # a pure decode step: every row is a decode, in order
-            return self._decode(q, flat, plan)
-        out = torch.empty_like(q)
+            return self._decode(q, kv_cache, plan)
+        out = q.new_empty(q.shape)  # contiguous even when ``q`` is a strided view
         if plan.decode_rows.numel():
-            out[plan.decode_rows] = self._decode(q[plan.decode_rows], flat, plan)
+            out[plan.decode_rows] = self._decode(q[plan.decode_rows], kv_cache, plan)
         for chunk in plan.chunks:
             qs = q[chunk.q_start : chunk.q_end]
             if chunk.fresh:
@@ -140,21 +159,25 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     @staticmethod
-    def _decode(q: torch.Tensor, flat: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    def _decode(
+        q: torch.Tensor,  # [num_decodes, num_q_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
+        plan: _Plan,
+    ) -> torch.Tensor:  # [num_decodes, num_q_heads, head_dim]
         num_seqs, num_heads, head_dim = q.shape
-        num_kv_heads = flat.shape[1]
+        num_kv_heads = kv_cache.shape[-2]
         group = num_heads // num_kv_heads
-        max_kv = plan.decode_k_rows.shape[1]
-        rows = plan.decode_k_rows.view(-1)
-        keys = flat.index_select(0, rows).view(num_seqs, max_kv, num_kv_heads, head_dim)
-        values = flat.index_select(0, rows + plan.page_size).view(keys.shape)
+        index = plan.head_rows(num_kv_heads)  # [2, seqs, kv_heads, max_kv]
+        # One gather for K and V of every decode: [2, seqs, kv_heads, max_kv, head_dim].
+        kv = kv_cache.view(-1, head_dim).index_select(0, index.view(-1))
+        kv = kv.view(*index.shape, head_dim)
         # Query heads of one KV group share its keys: [seqs, kv_heads, group, head_dim].
-        qg = q.view(num_seqs, num_kv_heads, group, head_dim)
-        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1))  # [seqs, kv_heads, group, max_kv]
-        scores = scores.float() * (head_dim**-0.5) + plan.decode_bias
+        qg = q.reshape(num_seqs, num_kv_heads, group, head_dim)
+        scores = torch.matmul(qg, kv[0].transpose(2, 3))  # [seqs, kv_heads, group, max_kv]
+        scores = scores.float().mul_(head_dim**-0.5).add_(plan.decode_bias)
         probs = scores.softmax(dim=-1).to(q.dtype)
-        out = torch.matmul(probs, values.transpose(1, 2))  # [seqs, kv_heads, group, head_dim]
-        return out.reshape(num_seqs, num_heads, head_dim)
+        out = torch.matmul(probs, kv[1])  # [seqs, kv_heads, group, head_dim]
+        return out.view(num_seqs, num_heads, head_dim)
 
 
 def _sdpa_chunk(
@@ -163,15 +186,12 @@ def _sdpa_chunk(
     v: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
     mask: torch.Tensor | None,  # [qo_len, kv_len] bool, or None for plain causal (qo == kv)
 ) -> torch.Tensor:  # [qo_len, num_q_heads, head_dim]
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
     out = scaled_dot_product_attention(
         q.transpose(0, 1),  # [heads, qo_len, head_dim]
-        k.transpose(0, 1),
+        k.transpose(0, 1),  # [kv_heads, kv_len, head_dim]: GQA without repeating K/V
         v.transpose(0, 1),
         attn_mask=mask,
         is_causal=mask is None,
+        enable_gqa=q.shape[1] != k.shape[1],
     )
     return out.transpose(0, 1)

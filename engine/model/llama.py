@@ -1,4 +1,9 @@
-"""The Llama-family decoder (Llama, Mistral, SmolLM, Qwen2) over a flattened, unpadded batch."""
+"""The Llama-family decoder (Llama, Mistral, SmolLM, Qwen2) over a flattened, unpadded batch.
+
+Each layer is a handful of kernels: fused QKV and gate/up matmuls, RoPE on Q and K together in
+place, and the residual adds folded into the output projections (``addmm``). On a small CPU
+decode step the number of kernels, not their arithmetic, sets the step time.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,12 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from torch.nn.functional import linear, silu
+from torch.nn.functional import linear, rms_norm, silu
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
-from engine.model.rope import apply_rope, rope_cos_sin
+from engine.model.rope import RopeTables, rope_cos_sin, rope_inplace, signed_sin
 
 
 class RMSNorm(nn.Module):
@@ -22,9 +27,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32, scale in the model dtype (as the reference implementation does).
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if x.dtype == torch.float32:
+            return rms_norm(x, self.weight.shape, self.weight, self.eps)
+        h = rms_norm(x.float(), self.weight.shape, None, self.eps)
         return self.weight * h.to(x.dtype)
+
+
+def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + x @ weight.T`` as one GEMM (the add is the GEMM's accumulate)."""
+    return torch.addmm(residual, x, weight.t())
 
 
 class Attention(nn.Module):
@@ -43,21 +54,22 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [num_tokens, hidden]
-        cos: torch.Tensor,  # [num_tokens, 1, head_dim]
-        sin: torch.Tensor,  # [num_tokens, 1, head_dim]
+        x: torch.Tensor,  # [num_tokens, hidden], normalised
+        residual: torch.Tensor,  # [num_tokens, hidden]
+        rope: RopeTables,
         backend: AttentionBackend,
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
-    ) -> torch.Tensor:
-        n = x.shape[0]
+    ) -> torch.Tensor:  # [num_tokens, hidden]: residual + attention output
+        n, d = x.shape[0], self.head_dim
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        qk_end = self.q_size + self.kv_size
+        # Q and K heads side by side: one rotation for both, written back into ``qkv``.
+        rope_inplace(qkv[:, :qk_end].view(n, -1, d), rope)
+        q = qkv[:, : self.q_size].view(n, self.num_heads, d)
+        k = qkv[:, self.q_size : qk_end].view(n, self.num_kv_heads, d)
+        v = qkv[:, qk_end:].view(n, self.num_kv_heads, d)
         out = backend.forward(self.layer_id, q, k, v, kv_cache)  # [num_tokens, heads, head_dim]
-        projected: torch.Tensor = self.o_proj(out.reshape(n, self.q_size))
-        return projected  # [num_tokens, hidden]
+        return linear_add(out.reshape(n, self.q_size), self.o_proj.weight, residual)
 
 
 class MLP(nn.Module):
@@ -67,10 +79,15 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        out: torch.Tensor = self.down_proj(silu(gate) * up)  # SwiGLU
-        return out
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden], normalised
+        residual: torch.Tensor,  # [num_tokens, hidden]
+    ) -> torch.Tensor:  # [num_tokens, hidden]: residual + MLP output
+        gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
+        hidden = silu(gate_up[:, : self.intermediate_size])  # contiguous [num_tokens, inter]
+        hidden.mul_(gate_up[:, self.intermediate_size :])  # SwiGLU
+        return linear_add(hidden, self.down_proj.weight, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -83,23 +100,21 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        rope: RopeTables,
         backend: AttentionBackend,
         kv_cache: torch.Tensor,
-    ) -> torch.Tensor:
-        attn: torch.Tensor = self.self_attn(self.input_layernorm(x), cos, sin, backend, kv_cache)
-        x = x + attn
-        mlp: torch.Tensor = self.mlp(self.post_attention_layernorm(x))
-        return x + mlp
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        x = self.self_attn(self.input_layernorm(x), x, rope, backend, kv_cache)
+        out: torch.Tensor = self.mlp(self.post_attention_layernorm(x), x)
+        return out
 
 
 class LlamaForCausalLM(nn.Module):
     """Build it (on the meta device for speed), then call :meth:`load_weights`."""
 
     rope_cos: torch.Tensor  # [max_positions, head_dim], model dtype
-    rope_sin: torch.Tensor  # [max_positions, head_dim], model dtype
+    rope_sin: torch.Tensor  # [max_positions, head_dim], model dtype, first half negated
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -123,7 +138,7 @@ class LlamaForCausalLM(nn.Module):
         )
         # The table is computed in float32 and cast once, like the reference per-step cast.
         self.rope_cos = cos.to(weight.dtype)
-        self.rope_sin = sin.to(weight.dtype)
+        self.rope_sin = signed_sin(sin).to(weight.dtype)
         self.eval()
 
     @property
@@ -144,10 +159,13 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"need {len(self.layers)} KV caches, got {len(kv_caches)}")
         backend.plan(meta)
-        cos = self.rope_cos[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
-        sin = self.rope_sin[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
+        # Gathered once per step, shared by every layer: [num_tokens, 1, head_dim] each.
+        rope = RopeTables(
+            self.rope_cos.index_select(0, positions).unsqueeze(1),
+            self.rope_sin.index_select(0, positions).unsqueeze(1),
+        )
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, backend, kv_cache)
-        x = self.norm(x[logits_indices])  # [num_logits, hidden]
+            x = layer(x, rope, backend, kv_cache)
+        x = self.norm(x.index_select(0, logits_indices))  # [num_logits, hidden]
         return linear(x, self.output_weight).float()  # [num_logits, vocab]

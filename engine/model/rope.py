@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -91,8 +91,31 @@ def rope_cos_sin(
     return cos, sin
 
 
+class RopeTables(NamedTuple):
+    """The step's rows of the tables, gathered once by position and shared by every layer."""
+
+    cos: torch.Tensor  # [num_tokens, 1, head_dim]
+    sin: torch.Tensor  # [num_tokens, 1, head_dim], first half negated (see ``signed_sin``)
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` [..., head_dim] with its first half negated, so rotate-half needs no negation."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` [num_tokens, num_heads, head_dim] by cos/sin [num_tokens, 1, head_dim]."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
     return x * cos + rotated * sin
+
+
+def rope_inplace(x: torch.Tensor, rope: RopeTables) -> None:
+    """Rotate ``x`` [num_tokens, num_heads, head_dim] (a view, any row stride) in place.
+
+    Equals ``apply_rope`` with the plain sin: ``x * cos + cat(x2, x1) * signed_sin``.
+    """
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [num_tokens, heads, head_dim]
+    torch.addcmul(x * rope.cos, swapped, rope.sin, out=x)

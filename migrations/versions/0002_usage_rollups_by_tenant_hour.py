@@ -1,6 +1,7 @@
-"""Covering index of the usage report: rollups by tenant and hour, with the summed counts.
+"""Covering indexes of the usage report: rollups by (hour, tenant) and by (tenant, hour).
 
-The admin usage query then reads the index alone, in (tenant, hour) order, for one tenant or all.
+With the summed counts in the index, the admin usage query reads an index alone and in group
+order: by hour then tenant for all tenants, by hour within one tenant for a single one.
 
 Revision ID: 0002
 Revises: 0001
@@ -15,19 +16,25 @@ down_revision: str | None = "0001"
 branch_labels: str | None = None
 depends_on: str | None = None
 
-INDEX = "ix_usage_rollups_tenant_id_hour"
 TABLE = "usage_rollups"
 SUMS = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens"]
+INDEXES = {
+    "ix_usage_rollups_hour_tenant_id": ["hour", "tenant_id"],
+    "ix_usage_rollups_tenant_id_hour": ["tenant_id", "hour"],
+}
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        # Sums as INCLUDE payload: they widen the leaf pages but never the search key.
-        op.create_index(INDEX, TABLE, ["tenant_id", "hour"], postgresql_include=SUMS)
-    else:
-        # SQLite has no INCLUDE; trailing key columns make the index covering all the same.
-        op.create_index(INDEX, TABLE, ["tenant_id", "hour", *SUMS])
+    postgresql = op.get_bind().dialect.name == "postgresql"
+    for name, keys in INDEXES.items():
+        if postgresql:
+            # The sums as INCLUDE payload: carried in the leaves, never part of the search key.
+            op.create_index(name, TABLE, keys, postgresql_include=SUMS)
+        else:
+            # SQLite has no INCLUDE; trailing key columns make the index covering all the same.
+            op.create_index(name, TABLE, [*keys, *SUMS])
 
 
 def downgrade() -> None:
-    op.drop_index(INDEX, table_name=TABLE)
+    for name in INDEXES:
+        op.drop_index(name, table_name=TABLE)

@@ -53,5 +53,6 @@ def page(browser: Any) -> Iterator[Any]:
 @pytest.fixture
 def artifacts(request: pytest.FixtureRequest) -> Path:
     folder = ARTIFACTS / request.node.name
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # only this run's screenshots
+    folder.mkdir(parents=True)
     return folder

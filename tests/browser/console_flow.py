@@ -75,6 +75,11 @@ def create_tenant_and_key(page: Any, root: str, folder: Path) -> str:
     row = page.wait_for_selector('tr[data-tenant-name="acme"]')
     assert "active" in row.inner_text()
     assert "unlimited" in row.inner_text()
+    page.fill('#tenant-create input[name="name"]', "acme")
+    page.click('#tenant-create button[type="submit"]')
+    page.wait_for_selector("#notice.error:not([hidden])")
+    assert "'acme' exists" in page.inner_text("#notice")
+    assert page.locator('tr[data-tenant-name="acme"]').count() == 1
     shot(page, folder, "03-tenants")
 
     page.goto(root + "keys")
@@ -103,6 +108,15 @@ def set_price(page: Any, root: str, model: str) -> None:
     assert "1.00" in page.inner_text("#prices-table")
 
 
+def check_no_usage_yet(page: Any, root: str, folder: Path) -> None:
+    page.goto(root + "usage")
+    page.wait_for_function("document.getElementById('usage-requests').textContent === '0'")
+    for empty in ("#empty-hour", "#empty-day", "#usage-tenants-empty"):
+        assert page.is_visible(empty), f"{empty} should say there is no usage"
+    assert page.is_hidden("#usage-tenants")
+    shot(page, folder, "05-usage-empty")
+
+
 def check_usage(page: Any, root: str, folder: Path, usage: Usage) -> None:
     wait_for_usage(page, root + "usage", requests=1)
     assert number(page, "#usage-prompt") == usage.prompt_tokens
@@ -111,7 +125,7 @@ def check_usage(page: Any, root: str, folder: Path, usage: Usage) -> None:
     tenant_row = page.inner_text('#usage-tenants tr:has(td:text("acme"))')
     assert f"{usage.prompt_tokens:,}" in tenant_row
     assert page.is_hidden("#empty-day")
-    shot(page, folder, "05-usage")
+    shot(page, folder, "06-usage")
 
 
 def check_billing(page: Any, root: str, folder: Path, model: str, usage: Usage) -> None:
@@ -130,7 +144,7 @@ def check_billing(page: Any, root: str, folder: Path, model: str, usage: Usage) 
     assert rows[0]["cost_micros"] == str(expected_micros)
     shown = page.inner_text('[data-total="cost"]').replace("$", "").replace(",", "")
     assert float(shown) == expected_micros / 1e6
-    shot(page, folder, "06-billing")
+    shot(page, folder, "07-billing")
 
 
 def revoke_and_audit(page: Any, root: str, folder: Path, gateway: Gateway, key: str) -> None:
@@ -138,7 +152,7 @@ def revoke_and_audit(page: Any, root: str, folder: Path, gateway: Gateway, key: 
     page.click("tr[data-key-id] button.danger")
     page.wait_for_selector("td.status-revoked")
     assert gateway.complete(key) == 401
-    shot(page, folder, "07-key-revoked")
+    shot(page, folder, "08-key-revoked")
 
     page.goto(root + "audit")
     actions = page.inner_text("#audit-table")
@@ -148,7 +162,7 @@ def revoke_and_audit(page: Any, root: str, folder: Path, gateway: Gateway, key: 
     # Each entry lists only what changed: the revocation sets revoked_at, nothing else.
     revoke = page.inner_text('#audit-table tr:has(code:text("key.revoke")) ul.changes')
     assert revoke.startswith("revoked_at:") and "name" not in revoke
-    shot(page, folder, "08-audit")
+    shot(page, folder, "09-audit")
 
 
 def walk_the_console(page: Any, gateway: Gateway, folder: Path) -> Usage:
@@ -159,6 +173,7 @@ def walk_the_console(page: Any, gateway: Gateway, folder: Path) -> Usage:
     key = create_tenant_and_key(page, root, folder)
     model = gateway.model(key)
     set_price(page, root, model)
+    check_no_usage_yet(page, root, folder)
 
     usage = gateway.complete(key)
     assert isinstance(usage, Usage), f"the completion was refused with {usage}"

@@ -29,7 +29,7 @@ def test_ideal_cached_tokens_reuses_whole_pages_of_earlier_prompts_only() -> Non
     base = list(range(10))
     prompts = [
         ("a", base),  # nothing cached yet
-        ("a", base[:9] + [99]),  # shares 9 tokens: two full pages of 4
+        ("a", [*base[:9], 99]),  # shares 9 tokens: two full pages of 4
         ("b", base),  # another namespace: nothing
         ("a", base),  # all but the last token may be reused: 9 -> two pages
         ("a", base[:8]),  # 7 usable tokens: one page
