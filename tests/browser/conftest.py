@@ -29,7 +29,9 @@ def chromium() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running on the main thread while it is
+# open, which would break every later test that calls asyncio.run().
+@pytest.fixture(scope="module")
 def browser(chromium: Path) -> Iterator[Any]:
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:

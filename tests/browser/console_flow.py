@@ -113,7 +113,8 @@ def check_no_usage_yet(page: Any, root: str, folder: Path) -> None:
     page.wait_for_function("document.getElementById('usage-requests').textContent === '0'")
     for empty in ("#empty-hour", "#empty-day", "#usage-tenants-empty"):
         assert page.is_visible(empty), f"{empty} should say there is no usage"
-    assert page.is_hidden("#usage-tenants")
+    assert page.is_hidden("#usage-tenants") and page.is_hidden("#chart-day")
+    assert page.inner_text("#usage-cached-share") == "no prompt tokens yet"
     shot(page, folder, "05-usage-empty")
 
 
@@ -124,7 +125,7 @@ def check_usage(page: Any, root: str, folder: Path, usage: Usage) -> None:
     assert number(page, "#usage-completion") == usage.completion_tokens
     tenant_row = page.inner_text('#usage-tenants tr:has(td:text("acme"))')
     assert f"{usage.prompt_tokens:,}" in tenant_row
-    assert page.is_hidden("#empty-day")
+    assert page.is_hidden("#empty-day") and page.is_visible("#chart-day")
     shot(page, folder, "06-usage")
 
 

@@ -68,3 +68,39 @@ def test_forward_before_plan_raises() -> None:
     x = torch.zeros(1, KV_HEADS, DIM)
     with pytest.raises(RuntimeError):
         TorchAttentionBackend().forward(0, torch.zeros(1, HEADS, DIM), x, x, cache)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_decode_only_step_from_fused_qkv_views_matches_reference(page_size: int) -> None:
+    """The batched decode path, fed strided views of one fused QKV tensor as the model does."""
+    torch.manual_seed(page_size)
+    kv_lens = [1, 5, 17, 33, 2]
+    num_pages = sum(-(-n // page_size) for n in kv_lens) + 1
+    pages = list(range(num_pages))
+    random.Random(page_size).shuffle(pages)
+    cache = allocate_kv_caches(1, num_pages, page_size, KV_HEADS, DIM, torch.float32)[0]
+    full_k = [torch.randn(n, KV_HEADS, DIM) for n in kv_lens]
+    full_v = [torch.randn(n, KV_HEADS, DIM) for n in kv_lens]
+    slices = []
+    for n, k, v in zip(kv_lens, full_k, full_v, strict=True):
+        table = [pages.pop() for _ in range(-(-n // page_size))]
+        for pos in range(n - 1):
+            cache[table[pos // page_size], 0, pos % page_size] = k[pos]
+            cache[table[pos // page_size], 1, pos % page_size] = v[pos]
+        slices.append(SeqSlice(table, n - 1, 1))
+    meta = build_attention_metadata(slices, page_size)
+    q_size, kv_size = HEADS * DIM, KV_HEADS * DIM
+    qkv = torch.randn(len(kv_lens), q_size + 2 * kv_size)  # [num_seqs, q + k + v]
+    q = qkv[:, :q_size].view(-1, HEADS, DIM)
+    k_new, v_new = qkv[:, q_size : q_size + kv_size], qkv[:, q_size + kv_size :]
+    k_new.copy_(torch.stack([k[-1] for k in full_k]).flatten(1))
+    v_new.copy_(torch.stack([v[-1] for v in full_v]).flatten(1))
+    backend = TorchAttentionBackend()
+    backend.plan(meta)
+    k_view, v_view = k_new.view(-1, KV_HEADS, DIM), v_new.view(-1, KV_HEADS, DIM)
+    out = backend.forward(0, q, k_view, v_view, cache)
+    for i, (k, v) in enumerate(zip(full_k, full_v, strict=True)):
+        torch.testing.assert_close(out[i : i + 1], reference(q[i : i + 1], k, v), atol=1e-5, rtol=0)
+    # A second layer reuses the step's plan (and its gather index) on another cache.
+    other = cache.clone()
+    torch.testing.assert_close(backend.forward(1, q, k_view, v_view, other), out)

@@ -40,6 +40,8 @@
   function draw(granularity, points) {
     const empty = points.every((p) => p.requests === 0);
     document.getElementById(`empty-${granularity}`).hidden = !empty;
+    // An empty chart only draws a meaningless axis: the message says it instead.
+    document.getElementById(`chart-${granularity}`).parentElement.hidden = empty;
     const data = {
       labels: points.map((p) => label(p.t, granularity)),
       datasets: [
@@ -57,7 +59,7 @@
         maintainAspectRatio: false,
         scales: {
           x: { stacked: true, ticks: { maxRotation: 0, autoSkip: true, maxTicksLimit: 12 } },
-          y: { stacked: true, ticks: { callback: (v) => format.int(v) }, title: { display: true, text: "tokens" } },
+          y: { stacked: true, ticks: { precision: 0, callback: (v) => format.int(v) }, title: { display: true, text: "tokens" } },
         },
         plugins: { tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${format.int(c.parsed.y)}` } } },
       },
@@ -124,7 +126,8 @@
       document.getElementById("usage-cached").textContent = format.int(total("cached"));
       document.getElementById("usage-completion").textContent = format.int(total("completion"));
       document.getElementById("usage-cached-share").textContent =
-        total("prompt") ? format.pct(total("cached") / total("prompt")) : "–";
+        total("prompt") ? `${format.pct(total("cached") / total("prompt"))} of prompt tokens`
+          : "no prompt tokens yet";
       for (const span of document.querySelectorAll(".usage-days")) {
         span.textContent = format.int(dayCount);
       }
