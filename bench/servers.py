@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 HOST = "127.0.0.1"
+MAX_NUM_SEQS = 32  # the same running-batch cap on both servers (PEERS.md's vLLM setting)
 
 
 @dataclass(slots=True)
@@ -92,6 +93,7 @@ def atrium_env(work_dir: Path) -> dict[str, str]:
         "ATRIUM_USAGE_SPOOL_PATH": str(work_dir / "usage.spool"),
         "ATRIUM_ADMIN_TOKEN": "bench-admin-token-not-secret",
         "ATRIUM_LOG_LEVEL": "warning",
+        "ATRIUM_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
     }
 
 
@@ -116,7 +118,7 @@ def start_vllm(python: Path, model_dir: Path, port: int, log_dir: Path) -> Serve
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", "smollm2", "--host", HOST, "--port", str(port)]
-    argv += ["--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "32"]
+    argv += ["--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", str(MAX_NUM_SEQS)]
     argv += ["--enable-prefix-caching", "--enable-chunked-prefill"]
     argv += ["--enable-prompt-tokens-details"]  # cached_tokens in usage, as Atrium reports
     return _spawn("vllm", argv, env, log_dir / "vllm.log", f"http://{HOST}:{port}")

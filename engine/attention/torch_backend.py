@@ -24,6 +24,7 @@ class _Chunk:
     fresh: bool  # no prefix in the cache: attend over this step's own K/V, plain causal
     k_rows: torch.Tensor  # [kv_len] int64 rows of the flat cache holding K (V is + page_size)
     mask: torch.Tensor | None  # [qo_len, kv_len] bool, True where attention is allowed
+    head_rows: torch.Tensor | None = None  # [2, kv_heads, kv_len], see ``_head_rows``
 
 
 @dataclass(slots=True)
@@ -42,12 +43,19 @@ class _Plan:
     def head_rows(self, num_kv_heads: int) -> torch.Tensor:
         """K and V rows of every decode, head-major, so one gather lands in matmul layout."""
         if self.decode_head_rows is None:
-            rows = self.decode_k_rows * num_kv_heads  # [num_decodes, max_kv_len]
-            heads = torch.arange(num_kv_heads, device=rows.device)[:, None]  # [kv_heads, 1]
-            k_rows = rows[:, None, :] + heads  # [num_decodes, kv_heads, max_kv_len]
-            v_rows = k_rows + self.page_size * num_kv_heads
-            self.decode_head_rows = torch.stack((k_rows, v_rows))
+            self.decode_head_rows = _head_rows(self.decode_k_rows, self.page_size, num_kv_heads)
         return self.decode_head_rows
+
+
+def _head_rows(k_rows: torch.Tensor, page_size: int, num_kv_heads: int) -> torch.Tensor:
+    """Rows of the cache seen as ``[-1, head_dim]`` for K and V of ``k_rows`` [..., kv_len].
+
+    Returns ``[2, ..., num_kv_heads, kv_len]`` int64: gathering it yields K and V head-major,
+    the layout attention's matmuls read without a further copy.
+    """
+    heads = torch.arange(num_kv_heads, device=k_rows.device)[:, None]  # [kv_heads, 1]
+    k = (k_rows * num_kv_heads).unsqueeze(-2) + heads  # [..., kv_heads, kv_len]
+    return torch.stack((k, k + page_size * num_kv_heads))
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -151,10 +159,14 @@ class TorchAttentionBackend(AttentionBackend):
         for chunk in plan.chunks:
             qs = q[chunk.q_start : chunk.q_end]
             if chunk.fresh:
-                ks, vs = k[chunk.q_start : chunk.q_end], v[chunk.q_start : chunk.q_end]
+                ks = k[chunk.q_start : chunk.q_end].transpose(0, 1)
+                vs = v[chunk.q_start : chunk.q_end].transpose(0, 1)
             else:
-                ks = flat.index_select(0, chunk.k_rows)
-                vs = flat.index_select(0, chunk.k_rows + plan.page_size)
+                if chunk.head_rows is None:
+                    chunk.head_rows = _head_rows(chunk.k_rows, plan.page_size, num_kv_heads)
+                index = chunk.head_rows  # [2, kv_heads, kv_len]
+                kv = kv_cache.view(-1, head_dim).index_select(0, index.view(-1))
+                ks, vs = kv.view(*index.shape, head_dim).unbind(0)
             out[chunk.q_start : chunk.q_end] = _sdpa_chunk(qs, ks, vs, chunk.mask)
         return out
 
@@ -182,16 +194,17 @@ class TorchAttentionBackend(AttentionBackend):
 
 def _sdpa_chunk(
     q: torch.Tensor,  # [qo_len, num_q_heads, head_dim]
-    k: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
-    v: torch.Tensor,  # [kv_len, num_kv_heads, head_dim]
+    k: torch.Tensor,  # [num_kv_heads, kv_len, head_dim]
+    v: torch.Tensor,  # [num_kv_heads, kv_len, head_dim]
     mask: torch.Tensor | None,  # [qo_len, kv_len] bool, or None for plain causal (qo == kv)
 ) -> torch.Tensor:  # [qo_len, num_q_heads, head_dim]
+    # 4-D inputs: with 3-D ones torch takes its unfused math path on CPU, many times slower.
     out = scaled_dot_product_attention(
-        q.transpose(0, 1),  # [heads, qo_len, head_dim]
-        k.transpose(0, 1),  # [kv_heads, kv_len, head_dim]: GQA without repeating K/V
-        v.transpose(0, 1),
+        q.transpose(0, 1)[None],  # [1, heads, qo_len, head_dim]
+        k[None],  # [1, kv_heads, kv_len, head_dim]: GQA without repeating K/V
+        v[None],
         attn_mask=mask,
         is_causal=mask is None,
-        enable_gqa=q.shape[1] != k.shape[1],
+        enable_gqa=q.shape[1] != k.shape[0],
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
