@@ -47,6 +47,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    ignore_eos: bool | None = None  # extension (as in vLLM): run to max_tokens
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -63,6 +64,7 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    ignore_eos: bool | None = None  # extension (as in vLLM): run to max_tokens
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -225,6 +227,7 @@ def sampling_params(
         min_p=0.0 if request.min_p is None else request.min_p,
         seed=request.seed,
         stop=stop_strings(request.stop),
+        ignore_eos=bool(request.ignore_eos),
     )
 
 

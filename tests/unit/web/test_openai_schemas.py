@@ -107,3 +107,12 @@ def test_out_of_range_sampling_is_named(field: str, value: float) -> None:
     with pytest.raises(InvalidRequestError) as info:
         params.validate()
     assert info.value.param == field
+
+
+def test_ignore_eos_extension_reaches_the_sampling_params() -> None:
+    body = b'{"model": "m", "prompt": "hi", "ignore_eos": true}'
+    assert sampling_params(decode_body(body, CompletionRequest), 8).ignore_eos
+    plain = b'{"model": "m", "prompt": "hi"}'
+    assert not sampling_params(decode_body(plain, CompletionRequest), 8).ignore_eos
+    with pytest.raises(ApiError):
+        decode_body(b'{"model": "m", "prompt": "hi", "ignore_eos": "yes"}', CompletionRequest)
