@@ -54,6 +54,8 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     from radix_cache import RadixPrefixCache
 
     device = settings.resolved_device
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
     loaded = await asyncio.to_thread(
         load_model, settings.model, getattr(torch, settings.dtype), device
     )

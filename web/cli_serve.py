@@ -64,6 +64,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--database-url", dest="database_url", default=None)
     parser.add_argument("--device", default=None, help="auto, cpu or cuda")
+    parser.add_argument(
+        "--threads", dest="torch_threads", type=int, default=None, help="CPU threads for the model"
+    )
     parser.set_defaults(func=run_serve)
 
 

@@ -38,6 +38,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     retry_after_s: int = 1
     otlp_endpoint: str | None = None
     log_level: str = "info"
+    # CPU threads for the model's kernels (None: torch's default, one per core). On a host
+    # shared with other busy processes, fewer threads than cores avoids stalls.
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -55,6 +58,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for name, value in positive.items():
             if value <= 0:
                 raise SettingsError(f"{name} must be positive")
+        if self.torch_threads is not None and self.torch_threads <= 0:
+            raise SettingsError("torch_threads must be positive")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise SettingsError("max_num_batched_tokens must be positive")
         if self.drain_grace_s < 0 or self.retry_after_s < 0:

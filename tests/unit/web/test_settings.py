@@ -50,3 +50,10 @@ def test_flags_override_environment_and_none_means_unset() -> None:
 def test_bad_values_are_rejected(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.load(environ=env)
+
+
+def test_torch_threads_come_from_the_environment_and_must_be_positive() -> None:
+    assert Settings.load(environ={"ATRIUM_TORCH_THREADS": "1"}).torch_threads == 1
+    assert Settings.load(environ={}).torch_threads is None
+    with pytest.raises(SettingsError):
+        Settings.load(environ={"ATRIUM_TORCH_THREADS": "0"})
