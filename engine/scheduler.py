@@ -79,6 +79,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
+        self._free_slot_for_fairness(out)
+        num_fair_preemptions = len(out.preempted)
         decodes = [r for r in self.running if r.num_remaining_tokens == 1]
         prefills = [r for r in self.running if r.num_remaining_tokens > 1]
         for request in decodes + prefills:
@@ -110,10 +112,38 @@ class Scheduler:
                 self.policy.charge(request, 0, 0, 1)
             else:
                 self.policy.charge(request, num_new, 0, 0)
-        if not out.preempted:
+        if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
             budget = self._admit(out, budget, scheduled)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
+
+    def _free_slot_for_fairness(self, out: SchedulerOutput) -> None:
+        """Every slot is taken and the next tenant in line holds fewer slots than its weighted
+        share while another holds more: preempt one of the other's requests (chosen by the policy)
+        so the newcomer does not wait for long generations to end. The victim's computed full
+        pages stay cached, so it resumes cheaply. At most one per step; O(running)."""
+        if len(self.running) < self.max_num_seqs or not self.cache.shares_pages:
+            return
+        head = self.policy.peek()
+        if head is None:
+            return
+        slots: dict[str, int] = {}
+        weights: dict[str, float] = {head.tenant_id: head.tenant_weight}
+        for request in self.running:
+            slots[request.tenant_id] = slots.get(request.tenant_id, 0) + 1
+            weights[request.tenant_id] = request.tenant_weight
+        total_weight = sum(max(w, 1e-9) for w in weights.values())
+
+        def fair(tenant_id: str) -> float:
+            return self.max_num_seqs * max(weights[tenant_id], 1e-9) / total_weight
+
+        if slots.get(head.tenant_id, 0) + 1 > fair(head.tenant_id):
+            return
+        over = [r for r in self.running if slots[r.tenant_id] - 1 >= fair(r.tenant_id)]
+        victim = self.policy.pick_victim(over)
+        if victim is not None:
+            self._preempt(victim)
+            out.preempted.append(victim)
 
     def _admit(self, out: SchedulerOutput, budget: int, scheduled: set[str]) -> int:
         while budget > 0 and len(self.running) < self.max_num_seqs:

@@ -122,3 +122,31 @@ def test_tenant_cache_share_reaches_the_cache(tiny: LoadedModel) -> None:
     stats = engine.snapshot().cache_by_namespace
     assert stats[tenant_namespace("capped")].share == 0.25
     assert stats[tenant_namespace("free")].share is None
+
+
+def test_a_newcomer_gets_a_slot_held_by_a_tenant_over_its_share(tiny: LoadedModel) -> None:
+    engine = engine_for(tiny)  # four slots
+    long_run = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    for i in range(6):
+        engine.add_request(GenerateRequest(f"hog-{i}", [5, 6, 7, 8 + i], long_run, "hog"))
+    for _ in range(3):
+        engine.step()
+    assert engine.snapshot().running_by_tenant == {"hog": 4}
+    engine.add_request(GenerateRequest("guest-0", [9, 10, 11], FIXED, "guest"))
+    steps_to_first_token = 0
+    while steps_to_first_token < 20:
+        steps_to_first_token += 1
+        if any(o.request_id == "guest-0" and o.token_ids for o in engine.step()):
+            break
+    # Without a fair preemption the guest would wait ~57 steps for a hog to finish.
+    assert steps_to_first_token <= 3
+    outputs = run(engine)
+    # The preempted hog resumes and every request still gets its whole answer.
+    assert all(outputs[f"hog-{i}"].num_output_tokens == 60 for i in range(6))
+    assert outputs["guest-0"].num_output_tokens == FIXED.max_tokens
+    assert engine.stats.num_preemptions >= 1
+    assert (
+        engine.cache.pool.num_free_pages
+        + sum(ns.resident_pages for ns in engine.cache.stats().values())
+        == engine.num_pages
+    )
