@@ -18,6 +18,7 @@ import httpx
 
 HOST = "127.0.0.1"
 MAX_NUM_SEQS = 32  # the same running-batch cap on both servers (PEERS.md's vLLM setting)
+KV_CACHE_GIB = 4  # the same KV budget on both servers (vLLM's VLLM_CPU_KVCACHE_SPACE)
 
 
 @dataclass(slots=True)
@@ -94,6 +95,7 @@ def atrium_env(work_dir: Path) -> dict[str, str]:
         "ATRIUM_ADMIN_TOKEN": "bench-admin-token-not-secret",
         "ATRIUM_LOG_LEVEL": "warning",
         "ATRIUM_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "ATRIUM_KV_CACHE_BYTES": str(KV_CACHE_GIB * 2**30),
     }
 
 
@@ -115,7 +117,11 @@ def start_atrium(model_dir: Path, port: int, work_dir: Path, log_dir: Path) -> S
 
 def start_vllm(python: Path, model_dir: Path, port: int, log_dir: Path) -> Server:
     """vLLM's OpenAI server bound to both cores, prefix caching and chunked prefill on."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    }
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", "smollm2", "--host", HOST, "--port", str(port)]
     argv += ["--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", str(MAX_NUM_SEQS)]
