@@ -36,39 +36,31 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+class _GenerationFields(msgspec.Struct, kw_only=True):
+    """Fields chat and text completions share (unknown fields are ignored, wrong types are not)."""
+
     model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool | None = None  # extension (as in vLLM): run to max_tokens
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(_GenerationFields, kw_only=True):
     messages: list[ChatMessage]
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool | None = None  # extension (as in vLLM): run to max_tokens
-    n: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    user: str | None = None
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
-    model: str
+class CompletionRequest(_GenerationFields, kw_only=True):
     prompt: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool | None = None  # extension (as in vLLM): run to max_tokens
-    n: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    user: str | None = None
 
 
 def decode_body(body: bytes, type_: type[T]) -> T:

@@ -51,6 +51,17 @@ async def _first(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
     raise ApiError(503, "The engine ended the request without output.", code="engine_error")
 
 
+async def _full_text(
+    service: GenerationService, job: Job, first: RequestOutput, rest: AsyncIterator[RequestOutput]
+) -> str:
+    """The whole answer of a non-streamed request, once its usage is recorded."""
+    text = [first.text]
+    if not first.finished:
+        text.extend([out.text async for out in rest])
+    await service.wait_recorded(job)
+    return "".join(text)
+
+
 def _headers(job: Job) -> dict[str, str]:
     return {"x-request-id": job.request_id, **job.ticket.headers}
 
@@ -92,11 +103,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             include_usage=schemas.include_usage(body),
         )
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
-    text = [first.text]
-    if not first.finished:
-        text.extend([out.text async for out in outputs])
-    await service.wait_recorded(job)
-    message = schemas.AssistantMessage(role="assistant", content="".join(text))
+    content = await _full_text(service, job, first, outputs)
+    message = schemas.AssistantMessage(role="assistant", content=content)
     choice = schemas.ChatChoice(index=0, message=message, finish_reason=job.finish_reason)
     result = schemas.ChatCompletion(
         job.request_id, job.created, body.model, [choice], sse.usage_of(job)
@@ -130,11 +138,8 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
             include_usage=schemas.include_usage(body),
         )
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
-    text = [first.text]
-    if not first.finished:
-        text.extend([out.text async for out in outputs])
-    await service.wait_recorded(job)
-    choice = schemas.TextChoice(index=0, text="".join(text), finish_reason=job.finish_reason)
+    text = await _full_text(service, job, first, outputs)
+    choice = schemas.TextChoice(index=0, text=text, finish_reason=job.finish_reason)
     result = schemas.TextCompletion(
         job.request_id, job.created, body.model, [choice], sse.usage_of(job)
     )

@@ -9,54 +9,32 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
-import pytest
 from sqlalchemy import func, select
 
 from tenants import Database, TenantDomain
 from tenants.models import RateBucket, Reservation, TokenBudget, UsageEventRow
 from tenants.schemas import Quotas, TenantCreate
+from tests.support.postgres import (
+    migrate,
+    pg_admin,
+    pg_url,
+    require_postgres,
+)
 
-PG_HOST = "127.0.0.1"
-PG_PORT = 5432
-PG_ADMIN_DSN = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/test"
 ADMIN_TOKEN = "gateway-test-admin-token-0123456789"
-
-
-def pg_url(name: str, port: int = PG_PORT) -> str:
-    return f"postgresql+asyncpg://postgres@{PG_HOST}:{port}/{name}"
-
-
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=3)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-async def _migrate(url: str) -> None:
-    db = await Database.connect(url)
-    try:
-        await db.upgrade()
-    finally:
-        await db.close()
 
 
 @contextmanager
 def migrated_database() -> Iterator[str]:
     """The name of a fresh database at the head revision, dropped afterwards."""
-    try:
-        asyncio.run(_admin("SELECT 1"))
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        pytest.skip(f"PostgreSQL at {PG_HOST}:{PG_PORT} is unreachable: {exc}")
+    require_postgres()
     name = f"atrium_gw_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(f"CREATE DATABASE {name}"))
+    asyncio.run(pg_admin(f"CREATE DATABASE {name}"))
     try:
-        asyncio.run(_migrate(pg_url(name)))
+        asyncio.run(migrate(pg_url(name)))
         yield name
     finally:
-        asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        asyncio.run(pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 async def create_tenant(url: str, spool: Path, name: str, quotas: Quotas, keys: int) -> list[str]:

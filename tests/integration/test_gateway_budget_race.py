@@ -25,12 +25,11 @@ from tenants import Database, TenantDomain
 from tenants.schemas import Quotas, QuotasPatch, TenantPatch
 from tests.integration.pg_gateway import (
     ADMIN_TOKEN,
-    PG_ADMIN_DSN,
     create_tenant,
     migrated_database,
-    pg_url,
     read_books,
 )
+from tests.support.postgres import PG_ADMIN_DSN, pg_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 ATRIUM = [sys.executable, "-c", "from web.cli import main; raise SystemExit(main())"]

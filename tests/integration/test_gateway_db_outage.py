@@ -22,15 +22,13 @@ from tenants.schemas import Quotas
 from tests.integration.gateway_fakes import settings
 from tests.integration.pg_gateway import (
     ADMIN_TOKEN,
-    PG_HOST,
-    PG_PORT,
     create_tenant,
     migrated_database,
-    pg_url,
     read_books,
     revoke_key_of,
 )
 from tests.integration.tcp_proxy import TcpProxy
+from tests.support.postgres import PG_HOST, PG_PORT, pg_url
 from web.app import create_app
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

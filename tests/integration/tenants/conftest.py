@@ -10,33 +10,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from tenants import Database, TenantDomain
-
-PG_HOST = "127.0.0.1"
-PG_ADMIN_DSN = f"postgresql://postgres@{PG_HOST}:5432/test"
-
-
-def pg_url(name: str) -> str:
-    return f"postgresql+asyncpg://postgres@{PG_HOST}:5432/{name}"
-
-
-async def _pg_admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_DSN, timeout=3)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-async def _migrate(url: str) -> None:
-    db = await Database.connect(url)
-    try:
-        await db.upgrade()
-    finally:
-        await db.close()
+from tests.support.postgres import migrate, pg_admin, pg_url, require_postgres
 
 
 class FakeClock:
@@ -60,23 +37,20 @@ def clock() -> FakeClock:
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
-    asyncio.run(_migrate(f"sqlite+aiosqlite:///{path}"))
+    asyncio.run(migrate(f"sqlite+aiosqlite:///{path}"))
     return path
 
 
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
-    try:
-        asyncio.run(_pg_admin("SELECT 1"))
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        pytest.skip(f"PostgreSQL at {PG_HOST}:5432 is unreachable: {exc}")
+    require_postgres()
     name = f"atrium_tpl_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+    asyncio.run(pg_admin(f"CREATE DATABASE {name}"))
     try:
-        asyncio.run(_migrate(pg_url(name)))
+        asyncio.run(migrate(pg_url(name)))
         yield name
     finally:
-        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        asyncio.run(pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -89,11 +63,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         return
     template = request.getfixturevalue("pg_template")
     name = f"atrium_t_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_pg_admin(f"CREATE DATABASE {name} TEMPLATE {template}"))
+    asyncio.run(pg_admin(f"CREATE DATABASE {name} TEMPLATE {template}"))
     try:
         yield pg_url(name)
     finally:
-        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        asyncio.run(pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 OpenDomain = Callable[..., AbstractAsyncContextManager[TenantDomain]]
@@ -125,8 +99,8 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         return
     request.getfixturevalue("pg_template")  # skips when the server is unreachable
     name = f"atrium_e_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+    asyncio.run(pg_admin(f"CREATE DATABASE {name}"))
     try:
         yield pg_url(name)
     finally:
-        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        asyncio.run(pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
