@@ -1,5 +1,8 @@
 """The asyncio front of the engine: the step loop on its own thread, outputs on asyncio queues.
 
+``EngineClient`` is what the gateway talks to: ``generate`` streams a request's outputs,
+``abort`` stops one, ``stats`` returns the latest snapshot. ``AsyncEngine`` runs the step loop
+on a thread of this process; ``engine.process_engine.ProcessEngine`` runs it in a child process.
 Requests and aborts cross to the engine thread through a thread-safe queue; outputs come back
 with ``loop.call_soon_threadsafe``. The loop blocks on the queue when idle (no busy-waiting).
 """
@@ -12,6 +15,7 @@ import queue
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
@@ -22,6 +26,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import GenerateRequest, PublishedPrefix, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineSnapshot
+from engine.tokenizer import Tokenizer
 from radix_cache.prefix_cache import PUBLIC_NAMESPACE
 
 log = structlog.get_logger(__name__)
@@ -45,7 +50,97 @@ class _Stop:
     __slots__ = ()
 
 
-class AsyncEngine:
+class EngineClient(ABC):
+    """The engine as the event loop sees it, wherever its step loop runs."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start the step loop (blocks until the engine is ready to take requests)."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Abort what is left and stop the step loop."""
+
+    @property
+    @abstractmethod
+    def is_running(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def num_unfinished(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Tokenizer: ...
+
+    @abstractmethod
+    def stats(self) -> EngineSnapshot:
+        """The latest snapshot taken by the step loop (immutable, safe to read anywhere)."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Ask the loop to stop a request; its pages are freed at the next step."""
+
+    @abstractmethod
+    def _submit(self, request: GenerateRequest, sink: Sink) -> None:
+        """Queue ``request`` for the loop, its outputs to go to ``sink``; raises
+        EngineDeadError when the loop cannot take it."""
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the request's outputs; raises its InvalidRequestError, or EngineDeadError.
+
+        Stopping the iteration early (or cancelling the consumer) aborts the request.
+        """
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            # RuntimeError: the consumer's loop is closed, nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+        self._submit(request, sink)
+        done = False
+        try:
+            while True:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(request.request_id)
+
+    async def publish_prefix(self, prefix: str | list[int]) -> PublishedPrefix:
+        """Compute a prefix once and keep its full pages as a public, pinned prefix.
+
+        Text is tokenized as is (special tokens such as a chat template's markers included), so
+        publish exactly the text that prompts will start with.
+        """
+        if isinstance(prefix, str):
+            token_ids = await asyncio.to_thread(self.tokenizer.encode, prefix)
+        else:
+            token_ids = list(prefix)
+        request = GenerateRequest(
+            request_id=f"publish-{uuid.uuid4().hex}",
+            prompt_token_ids=token_ids,
+            params=SamplingParams(max_tokens=1, temperature=0.0),
+            tenant_id=PUBLIC_NAMESPACE,
+            publish=True,
+        )
+        published = 0
+        async for output in self.generate(request):
+            if output.error is not None:
+                raise EngineError(output.error)
+            published = output.num_published_tokens
+        return PublishedPrefix(num_tokens=len(token_ids), num_cached_tokens=published)
+
+
+class AsyncEngine(EngineClient):
     """Owns an ``LLMEngine`` and the one thread that drives it."""
 
     def __init__(self, engine: LLMEngine) -> None:
@@ -85,71 +180,23 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._sinks)
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._engine.tokenizer
+
     def stats(self) -> EngineSnapshot:
-        """The latest snapshot taken by the engine thread (immutable, safe to read anywhere)."""
         return self._snapshot
 
     def abort(self, request_id: str) -> None:
-        """Ask the loop to stop a request; its pages are freed at the next step."""
         self._commands.put(_Abort(request_id))
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
-        """Stream the request's outputs; raises its InvalidRequestError, or EngineDeadError.
-
-        Stopping the iteration early (or cancelling the consumer) aborts the request.
-        """
-        loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-        def sink(item: RequestOutput | BaseException) -> None:
-            # RuntimeError: the consumer's loop is closed, nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(outputs.put_nowait, item)
-
+    def _submit(self, request: GenerateRequest, sink: Sink) -> None:
         with self._lock:
             if self._dead is not None:
                 raise EngineDeadError(f"the engine loop stopped: {self._dead!r}")
             if self._thread is None or self._stopping:
                 raise EngineDeadError("the engine loop is not running")
             self._commands.put(_Add(request, sink))
-        done = False
-        try:
-            while True:
-                item = await outputs.get()
-                if isinstance(item, BaseException):
-                    done = True
-                    raise item
-                done = item.finished
-                yield item
-                if done:
-                    return
-        finally:
-            if not done:
-                self.abort(request.request_id)
-
-    async def publish_prefix(self, prefix: str | list[int]) -> PublishedPrefix:
-        """Compute a prefix once and keep its full pages as a public, pinned prefix.
-
-        Text is tokenized as is (special tokens such as a chat template's markers included), so
-        publish exactly the text that prompts will start with.
-        """
-        if isinstance(prefix, str):
-            token_ids = await asyncio.to_thread(self._engine.tokenizer.encode, prefix)
-        else:
-            token_ids = list(prefix)
-        request = GenerateRequest(
-            request_id=f"publish-{uuid.uuid4().hex}",
-            prompt_token_ids=token_ids,
-            params=SamplingParams(max_tokens=1, temperature=0.0),
-            tenant_id=PUBLIC_NAMESPACE,
-            publish=True,
-        )
-        published = 0
-        async for output in self.generate(request):
-            if output.error is not None:
-                raise EngineError(output.error)
-            published = output.num_published_tokens
-        return PublishedPrefix(num_tokens=len(token_ids), num_cached_tokens=published)
 
     # -- engine thread ------------------------------------------------------------------------
 

@@ -184,6 +184,13 @@ class LLMEngine:
         self._pending.append(self._output(request, [], "", "abort"))
         return True
 
+    def abort_all(self) -> int:
+        """Abort every live request (their final outputs come with the next step)."""
+        request_ids = list(self._requests)
+        for request_id in request_ids:
+            self.abort(request_id)
+        return len(request_ids)
+
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

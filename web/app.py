@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -44,21 +45,16 @@ def _admin_routers() -> list[ControllerRouterHandler]:
 
 
 async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
-    """Load the model named by ``settings`` (off the event loop) and start an engine on it."""
+    """Load the model named by ``settings`` (off the event loop) and start an engine on it.
+
+    By default the engine runs in a child process (its kernels then never wait for this
+    process's GIL); ``engine_process=False`` keeps it on a thread of the gateway.
+    """
     import torch
 
-    from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.model.loader import load_model
-    from radix_cache import RadixPrefixCache
 
     device = settings.resolved_device
-    if settings.torch_threads is not None:
-        torch.set_num_threads(settings.torch_threads)
-    loaded = await asyncio.to_thread(
-        load_model, settings.model, getattr(torch, settings.dtype), device
-    )
     config = EngineConfig(
         kv_cache_bytes=settings.kv_cache_bytes,
         max_num_batched_tokens=settings.max_num_batched_tokens,
@@ -67,14 +63,45 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         dtype=settings.dtype,
         device=device,
     )
-    llm = await asyncio.to_thread(LLMEngine, loaded, config, prefix_cache_factory=RadixPrefixCache)
-    engine = AsyncEngine(llm)
-    engine.start()
+    if settings.engine_process:
+        from engine.model.loader import load_tokenizer
+        from engine.process_engine import EngineSpec, ProcessEngine
+        from web.logging import configure_logging
+
+        tokenizer, _ = await asyncio.to_thread(load_tokenizer, settings.model)
+        spec = EngineSpec(
+            model=settings.model,
+            dtype=settings.dtype,
+            config=config,
+            torch_threads=settings.torch_threads,
+            setup=functools.partial(configure_logging, settings.log_level),
+        )
+        process_engine = ProcessEngine(spec, tokenizer)
+        await asyncio.to_thread(process_engine.start)
+        engine: Any = process_engine
+        name, max_model_len = process_engine.model_name, process_engine.max_model_len
+    else:
+        from engine.async_engine import AsyncEngine
+        from engine.llm_engine import LLMEngine
+        from engine.model.loader import load_model
+        from radix_cache import RadixPrefixCache
+
+        if settings.torch_threads is not None:
+            torch.set_num_threads(settings.torch_threads)
+        loaded = await asyncio.to_thread(
+            load_model, settings.model, getattr(torch, settings.dtype), device
+        )
+        llm = await asyncio.to_thread(
+            LLMEngine, loaded, config, prefix_cache_factory=RadixPrefixCache
+        )
+        engine = AsyncEngine(llm)
+        engine.start()
+        tokenizer, name, max_model_len = loaded.tokenizer, loaded.name, llm.max_model_len
     runtime = ModelRuntime(
-        name=loaded.name,
+        name=name,
         engine=engine,
-        tokenizer=loaded.tokenizer,
-        max_model_len=llm.max_model_len,
+        tokenizer=tokenizer,
+        max_model_len=max_model_len,
         aliases=("default",) if settings.model == "default" else (),
         stats=lambda: engine_numbers(engine.stats()),
     )

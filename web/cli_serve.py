@@ -1,4 +1,4 @@
-"""`atrium serve`: the gateway with its in-process engine under uvicorn, drained on SIGINT/SIGTERM.
+"""`atrium serve`: the gateway and its engine process under uvicorn, drained on SIGINT/SIGTERM.
 
 The first signal stops admissions (new requests get 503 with Retry-After) while running requests
 finish within the grace period (the rest are aborted); then the server stops and usage is flushed.
@@ -56,7 +56,7 @@ class DrainingServer(uvicorn.Server):
 def register(subparsers: Any) -> None:
     """Add `serve` to the `atrium` command line."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "serve", help="start the OpenAI-compatible gateway with the engine in-process"
+        "serve", help="start the OpenAI-compatible gateway and its engine"
     )
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")

@@ -41,6 +41,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # CPU threads for the model's kernels (None: torch's default, one per core). On a host
     # shared with other busy processes, fewer threads than cores avoids stalls.
     torch_threads: int | None = None
+    # Run the engine's step loop in a child process (True) or on a thread of the gateway.
+    engine_process: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -52,28 +52,46 @@ def _build(config: ModelConfig, state: dict[str, torch.Tensor]) -> LlamaForCausa
     return model
 
 
-def load_model(
-    model: str = "default", dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
-) -> LoadedModel:
-    """Load weights, config and tokenizer; raises FileNotFoundError/ValueError on bad paths."""
+def resolve_model(model: str = "default") -> tuple[Path, str]:
+    """The file or directory ``model`` names and the name it is served under."""
     if model == "default":
-        path, name = default_model_path(), DEFAULT_MODEL_NAME
-    else:
-        path = Path(model).expanduser()
-        name = path.stem if path.suffix == ".gguf" else path.name
+        return default_model_path(), DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    return path, path.stem if path.suffix == ".gguf" else path.name
+
+
+def _read_config_and_tokenizer(path: Path, model: str) -> tuple[ModelConfig, Tokenizer]:
     if is_hf_dir(path):
         config = read_hf_config(path)
-        state = load_hf_state(path, config, dtype, device)
         tokenizer = Tokenizer.from_dir(path, config.eos_token_ids)
     elif path.is_file() and path.suffix == ".gguf":
         reader, meta = open_gguf(path)
         config = read_gguf_config(reader, meta)
-        state = load_gguf_state(reader, config, dtype, device)
         tokenizer = Tokenizer(build_gguf_tokenizer(meta, path), config.eos_token_ids)
     elif path.exists():
         raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
     else:
         raise FileNotFoundError(f"model {model!r} not found")
     # The tokenizer knows the chat's end-of-turn token; the engine stops on all of them.
-    config = replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    return replace(config, eos_token_ids=tokenizer.eos_token_ids), tokenizer
+
+
+def load_tokenizer(model: str = "default") -> tuple[Tokenizer, str]:
+    """Only the tokenizer and the served name (no weights): for a front end whose engine runs
+    in another process."""
+    path, name = resolve_model(model)
+    return _read_config_and_tokenizer(path, model)[1], name
+
+
+def load_model(
+    model: str = "default", dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+) -> LoadedModel:
+    """Load weights, config and tokenizer; raises FileNotFoundError/ValueError on bad paths."""
+    path, name = resolve_model(model)
+    config, tokenizer = _read_config_and_tokenizer(path, model)
+    if is_hf_dir(path):
+        state = load_hf_state(path, config, dtype, device)
+    else:
+        reader, _ = open_gguf(path)
+        state = load_gguf_state(reader, config, dtype, device)
     return LoadedModel(_build(config, state), config, tokenizer, name, path.resolve())

@@ -1,0 +1,188 @@
+"""ProcessEngine: the step loop in a child process gives what the in-process engine gives.
+
+Greedy outputs equal the in-process ``LLMEngine``'s; request errors cross with their type and
+parameter; aborts and cancelled consumers free pages; a child that dies fails its requests and
+refuses new ones; shutdown ends the child; a model that cannot load fails ``start`` clearly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model, load_tokenizer
+from engine.outputs import GenerateRequest, RequestOutput
+from engine.process_engine import EngineSpec, ProcessEngine
+from engine.sampling_params import SamplingParams
+
+CONFIG = EngineConfig(
+    num_pages=32, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256, dtype="float32"
+)
+
+
+def spec_for(model_dir: Path) -> EngineSpec:
+    return EngineSpec(model=str(model_dir), dtype="float32", config=CONFIG, torch_threads=1)
+
+
+def start_engine(model_dir: Path) -> ProcessEngine:
+    engine = ProcessEngine(spec_for(model_dir), load_tokenizer(str(model_dir))[0])
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def shared(tiny_llama_dir: Path) -> Iterator[ProcessEngine]:
+    """One child for the tests that leave it healthy (spawning costs a few seconds)."""
+    engine = start_engine(tiny_llama_dir)
+    yield engine
+    asyncio.run(engine.shutdown())
+
+
+def request(rid: str, max_tokens: int = 6, prompt: list[int] | None = None) -> GenerateRequest:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return GenerateRequest(rid, prompt or list(range(1, 11)), params)
+
+
+async def collect(engine: ProcessEngine, req: GenerateRequest) -> list[RequestOutput]:
+    return [output async for output in engine.generate(req)]
+
+
+async def wait_for(predicate: object, timeout: float = 20.0) -> None:
+    assert callable(predicate)
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def reference_tokens(model_dir: Path, requests: list[GenerateRequest]) -> dict[str, list[int]]:
+    engine = LLMEngine(load_model(str(model_dir), dtype=torch.float32), CONFIG)
+    for req in requests:
+        engine.add_request(req)
+    tokens: dict[str, list[int]] = {req.request_id: [] for req in requests}
+    while engine.has_unfinished:
+        for output in engine.step():
+            tokens[output.request_id] += output.token_ids
+    return tokens
+
+
+def test_concurrent_greedy_streams_match_the_in_process_engine(
+    shared: ProcessEngine, tiny_llama_dir: Path
+) -> None:
+    requests = [request(f"r{i}", 4 + i, list(range(3 + i, 20 + 5 * i))) for i in range(5)]
+    expected = reference_tokens(tiny_llama_dir, requests)
+
+    async def main() -> list[list[RequestOutput]]:
+        return await asyncio.gather(*(collect(shared, req) for req in requests))
+
+    for req, outputs in zip(requests, asyncio.run(main()), strict=True):
+        assert [t for o in outputs for t in o.token_ids] == expected[req.request_id]
+        assert outputs[-1].finished and outputs[-1].finish_reason == "length"
+        assert outputs[-1].num_prompt_tokens == len(req.prompt_token_ids)
+    assert shared.model_name == tiny_llama_dir.name
+    assert shared.max_model_len == 256
+    assert shared.num_unfinished == 0
+
+
+def test_request_errors_cross_with_their_type_and_the_engine_keeps_serving(
+    shared: ProcessEngine,
+) -> None:
+    async def main() -> None:
+        with pytest.raises(InvalidRequestError) as empty:
+            await collect(shared, GenerateRequest("empty", [], SamplingParams()))
+        assert empty.value.param == "prompt"
+        with pytest.raises(PromptTooLongError) as long:
+            await collect(shared, request("long", max_tokens=300))
+        assert long.value.param == "max_tokens" and "256" in str(long.value)
+        stream = shared.generate(request("dup", max_tokens=200))
+        await anext(stream)
+        with pytest.raises(InvalidRequestError, match="already running"):
+            await collect(shared, request("dup"))
+        await stream.aclose()
+        assert len(await collect(shared, request("after"))) == 6
+
+    asyncio.run(main())
+
+
+def test_aborts_and_cancelled_consumers_free_their_pages(shared: ProcessEngine) -> None:
+    async def main() -> None:
+        before = shared.stats().counters.num_aborted
+        stream = shared.generate(request("early", max_tokens=200))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        task = asyncio.create_task(collect(shared, request("cancelled", max_tokens=200)))
+        await wait_for(lambda: shared.stats().num_running == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        outputs: list[RequestOutput] = []
+        async for output in shared.generate(request("explicit", max_tokens=200)):
+            outputs.append(output)
+            if len(outputs) == 2:
+                shared.abort("explicit")
+        assert outputs[-1].finish_reason == "abort" and len(outputs) < 200
+        await wait_for(lambda: shared.num_unfinished == 0)
+        await wait_for(lambda: shared.stats().counters.num_aborted >= before + 3)
+        # Pages held by a finished request stay in the prefix cache, evictable: all available.
+        await wait_for(lambda: shared.stats().num_pages_available == 32)
+
+    asyncio.run(main())
+
+
+def test_publish_prefix_runs_in_the_child(shared: ProcessEngine) -> None:
+    published = asyncio.run(shared.publish_prefix(list(range(40, 80))))
+    assert published.num_tokens == 40
+    assert published.num_cached_tokens == 32  # two full 16-token pages
+
+
+def test_a_killed_child_fails_its_requests_and_refuses_new_ones(tiny_llama_dir: Path) -> None:
+    engine = start_engine(tiny_llama_dir)
+
+    async def main() -> None:
+        stream = engine.generate(request("victim", max_tokens=200))
+        assert not (await anext(stream)).finished
+        assert engine.pid is not None
+        os.kill(engine.pid, signal.SIGKILL)
+        rest = [o async for o in stream]
+        assert rest[-1].finish_reason == "error" and "exited" in (rest[-1].error or "")
+        assert not engine.is_running
+        with pytest.raises(EngineDeadError):
+            await collect(engine, request("next"))
+        await engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_shutdown_ends_the_child_and_later_requests_fail(tiny_llama_dir: Path) -> None:
+    engine = start_engine(tiny_llama_dir)
+
+    async def main() -> None:
+        assert engine.is_running
+        assert len(await collect(engine, request("one"))) == 6
+        await engine.shutdown()
+        assert not engine.is_running
+        with pytest.raises(EngineDeadError):
+            await collect(engine, request("late"))
+
+    asyncio.run(main())
+    assert engine._process is not None and engine._process.exitcode == 0
+
+
+def test_a_model_that_cannot_load_fails_start(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    tokenizer = load_tokenizer(str(tiny_llama_dir))[0]
+    spec = EngineSpec(model=str(tmp_path / "missing"), dtype="float32", config=CONFIG)
+    engine = ProcessEngine(spec, tokenizer)
+    with pytest.raises(EngineError, match=r"failed to start.*not found"):
+        engine.start()
+    assert not engine.is_running
