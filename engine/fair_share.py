@@ -2,7 +2,10 @@
 
 Each tenant's counter grows by ``(w_in·uncached + w_cached·cached + w_out·output) / weight`` as its
 work runs. The next admission comes from the backlogged tenant with the smallest counter; a tenant
-returning from idle is lifted to the smallest backlogged counter, so idleness is not banked. Inside
+returning from idle is lifted to the smallest backlogged counter, so idleness is not banked, and
+wins the tie with the tenants at that counter until it is next served. A tenant holding fewer
+running slots than its weighted share of ``max_num_seqs`` goes before every tenant at or above its
+share, so a tenant that floods the engine with requests cannot keep the slots to itself. Inside
 a tenant, the request with the longest cached prefix goes first (measured once, on arrival).
 """
 
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from engine.policy import AdmissionPolicy
@@ -31,6 +34,8 @@ class _Tenant:
     # (priority, sequence, request): priority is -cached prefix length; preempted ones go first.
     heap: list[tuple[float, int, Request]] = field(default_factory=list)
     num_waiting: int = 0
+    # Back from idle and not served since: wins ties with tenants at the same counter.
+    returning: bool = False
 
 
 class FairSharePolicy(AdmissionPolicy):
@@ -53,12 +58,18 @@ class FairSharePolicy(AdmissionPolicy):
         self._removed: set[int] = set()  # id() of requests removed while still in a heap
         self._seq = itertools.count()
         self._num_waiting = 0
+        self._slots: Mapping[str, int] = {}  # running requests per tenant (the scheduler's)
+        self._max_num_seqs = 0
 
     # -- counters -----------------------------------------------------------------------------
 
     def counter(self, tenant_id: str) -> float:
         tenant = self._tenants.get(tenant_id)
         return tenant.counter if tenant else 0.0
+
+    def service_key(self, request: Request) -> float:
+        """The tenant's counter: prefill budget goes first to the least-served tenant's work."""
+        return self.counter(request.tenant_id)
 
     def charge(self, request: Request, num_uncached: int, num_cached: int, num_output: int) -> None:
         tenant = self._tenant(request)
@@ -68,9 +79,14 @@ class FairSharePolicy(AdmissionPolicy):
             + self.costs.output_token * num_output
         )
         tenant.counter += cost / tenant.weight
+        tenant.returning = False
 
     def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
         self._prefix_len = prefix_len
+
+    def bind_running(self, slots: Mapping[str, int], max_num_seqs: int) -> None:
+        self._slots = slots
+        self._max_num_seqs = max_num_seqs
 
     def _tenant(self, request: Request) -> _Tenant:
         tenant = self._tenants.get(request.tenant_id)
@@ -101,6 +117,7 @@ class FairSharePolicy(AdmissionPolicy):
             floor = self._min_backlogged()
             if floor is not None and tenant.counter < floor:
                 tenant.counter = floor  # no credit for time spent idle
+                tenant.returning = True  # but first in line among equals
             self._backlogged.add(request.tenant_id)
         if id(request) in self._removed:
             # A stale entry of this very request is still in the heap: drop it for good.
@@ -112,15 +129,36 @@ class FairSharePolicy(AdmissionPolicy):
         self._num_waiting += 1
 
     def _next_tenant(self) -> _Tenant | None:
+        under_share = self._under_share()
         best: _Tenant | None = None
-        best_key: tuple[float, int] | None = None
+        best_key: tuple[bool, float, bool, int] | None = None
         for tenant_id in self._backlogged:
             tenant = self._tenants[tenant_id]
             self._drop_removed(tenant)
-            key = (tenant.counter, tenant.heap[0][1])
+            key = (
+                tenant_id not in under_share,
+                tenant.counter,
+                not tenant.returning,
+                tenant.heap[0][1],
+            )
             if best_key is None or key < best_key:
                 best, best_key = tenant, key
         return best
+
+    def _under_share(self) -> set[str]:
+        """Backlogged tenants running fewer requests than their weighted share of the slots
+        (among tenants that are backlogged or running); O(tenants)."""
+        if not self._max_num_seqs:
+            return set()
+        slots = self._slots
+        active = self._backlogged | {t for t, n in slots.items() if n > 0}
+        total = sum(self._tenants[t].weight for t in active if t in self._tenants)
+        if total <= 0:
+            return set()
+        per_weight = self._max_num_seqs / total
+        return {
+            t for t in self._backlogged if slots.get(t, 0) < per_weight * self._tenants[t].weight
+        }
 
     def _drop_removed(self, tenant: _Tenant) -> None:
         while tenant.heap and id(tenant.heap[0][2]) in self._removed:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from engine.request import Request
+from engine.request import Request, RequestStatus
 
 
 class AdmissionPolicy(ABC):
@@ -57,6 +57,18 @@ class AdmissionPolicy(ABC):
     def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
         """Receive the engine's cached-prefix measure (used by locality-aware policies)."""
         return None
+
+    def bind_running(self, slots: Mapping[str, int], max_num_seqs: int) -> None:
+        """Receive the scheduler's live count of running requests per tenant (kept up to date by
+        the scheduler) and the number of slots (used by slot-aware policies)."""
+        return None
+
+    def service_key(self, request: Request) -> float:
+        """Order of prefill work within a step: lower goes first. Admission order by default (a
+        waiting request sorts after every running one)."""
+        if request.status is not RequestStatus.RUNNING:
+            return float("inf")
+        return float(request.admitted_index)
 
     def pick_victim(self, candidates: list[Request]) -> Request | None:
         """The running request to preempt when pages run out: the most recently admitted."""

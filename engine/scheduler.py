@@ -1,4 +1,7 @@
-"""The step scheduler: decodes first, then prefill chunks, then admissions, under a token budget.
+"""The step scheduler: decodes first, then prefill chunks and admissions, under a token budget.
+
+Prefill chunks run in the policy's service order, and a waiting request that comes before a
+chunk in that order (a less-served tenant's, under fair share) is admitted ahead of it.
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
@@ -55,6 +58,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.running: list[Request] = []  # in order of admission
+        self.slots: dict[str, int] = {}  # running requests per tenant
+        policy.bind_running(self.slots, max_num_seqs)
         self._num_admissions = 0
 
     @property
@@ -81,41 +86,56 @@ class Scheduler:
         scheduled: set[str] = set()
         self._free_slot_for_fairness(out)
         num_fair_preemptions = len(out.preempted)
+        key = self.policy.service_key
         decodes = [r for r in self.running if r.num_remaining_tokens == 1]
-        prefills = [r for r in self.running if r.num_remaining_tokens > 1]
-        for request in decodes + prefills:
-            if request.status is not RequestStatus.RUNNING or budget == 0:
-                continue
-            want = min(request.num_remaining_tokens, budget)
-            num_new = self._num_fitting(request, want)
-            while num_new == 0:
-                victim = self._pick_victim(scheduled, request)
-                if victim is None:
-                    break
-                self._preempt(victim)
-                out.preempted.append(victim)
-                num_new = self._num_fitting(request, want)
-            if num_new == 0:
-                if len(self.running) == 1:
-                    # Alone and still out of room: the sequence outgrew the whole KV cache.
-                    self.finish(request, "length")
-                    out.finished.append(request)
-                elif request.is_decoding:
-                    self._preempt(request)
-                    out.preempted.append(request)
-                continue  # a prefill chunk waits for pages instead
-            is_decode = request.is_decoding and request.num_output_tokens > 0
-            self._grow(request, num_new)
-            self._add_seq(out, request, num_new, scheduled)
-            budget -= num_new
-            if is_decode:
-                self.policy.charge(request, 0, 0, 1)
-            else:
-                self.policy.charge(request, num_new, 0, 0)
+        # Unfinished prefills in the policy's order (the least-served tenant's first; the sort
+        # is stable, so admission order within a tenant).
+        prefills = sorted((r for r in self.running if r.num_remaining_tokens > 1), key=key)
+        for request in decodes:
+            budget = self._run(request, budget, out, scheduled)
+        for request in prefills:
+            if budget == 0:
+                break
+            if len(out.preempted) == num_fair_preemptions:
+                # A waiting request of a less-served tenant is admitted before this chunk runs.
+                budget = self._admit(out, budget, scheduled, before=request)
+            budget = self._run(request, budget, out, scheduled)
         if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
             budget = self._admit(out, budget, scheduled)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
+
+    def _run(self, request: Request, budget: int, out: SchedulerOutput, scheduled: set[str]) -> int:
+        """Schedule a running request's next tokens (preempting for pages if it must); returns
+        the budget left."""
+        if request.status is not RequestStatus.RUNNING or budget == 0:
+            return budget
+        want = min(request.num_remaining_tokens, budget)
+        num_new = self._num_fitting(request, want)
+        while num_new == 0:
+            victim = self._pick_victim(scheduled, request)
+            if victim is None:
+                break
+            self._preempt(victim)
+            out.preempted.append(victim)
+            num_new = self._num_fitting(request, want)
+        if num_new == 0:
+            if len(self.running) == 1:
+                # Alone and still out of room: the sequence outgrew the whole KV cache.
+                self.finish(request, "length")
+                out.finished.append(request)
+            elif request.is_decoding:
+                self._preempt(request)
+                out.preempted.append(request)
+            return budget  # a prefill chunk waits for pages instead
+        is_decode = request.is_decoding and request.num_output_tokens > 0
+        self._grow(request, num_new)
+        self._add_seq(out, request, num_new, scheduled)
+        if is_decode:
+            self.policy.charge(request, 0, 0, 1)
+        else:
+            self.policy.charge(request, num_new, 0, 0)
+        return budget - num_new
 
     def _free_slot_for_fairness(self, out: SchedulerOutput) -> None:
         """Every slot is taken and the next tenant in line holds fewer slots than its weighted
@@ -127,10 +147,9 @@ class Scheduler:
         head = self.policy.peek()
         if head is None:
             return
-        slots: dict[str, int] = {}
+        slots = self.slots
         weights: dict[str, float] = {head.tenant_id: head.tenant_weight}
         for request in self.running:
-            slots[request.tenant_id] = slots.get(request.tenant_id, 0) + 1
             weights[request.tenant_id] = request.tenant_weight
         total_weight = sum(max(w, 1e-9) for w in weights.values())
 
@@ -145,10 +164,22 @@ class Scheduler:
             self._preempt(victim)
             out.preempted.append(victim)
 
-    def _admit(self, out: SchedulerOutput, budget: int, scheduled: set[str]) -> int:
+    def _admit(
+        self,
+        out: SchedulerOutput,
+        budget: int,
+        scheduled: set[str],
+        before: Request | None = None,
+    ) -> int:
+        """Admit waiting requests in the policy's order while budget and slots last; with
+        ``before`` (a running prefill), only those that come ahead of it: a lower service key,
+        or an equal one of another tenant (a tenant back from idle is lifted to the counter of
+        the tenant that kept the engine busy, and must not queue behind that tenant's chunks)."""
         while budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.policy.peek()
             if request is None:
+                break
+            if before is not None and not self._comes_before(request, before):
                 break
             # At least the last token is always run: its logits choose the next token.
             match = self.cache.match(
@@ -177,12 +208,20 @@ class Scheduler:
             request.admitted_index = self._num_admissions
             self._num_admissions += 1
             self.running.append(request)
+            self.slots[request.tenant_id] = self.slots.get(request.tenant_id, 0) + 1
             self._grow(request, num_new)
             self._add_seq(out, request, num_new, scheduled)
             budget -= num_new
             num_cached = request.num_cached_tokens if first_admission else 0
             self.policy.charge(request, num_new, num_cached, 0)
         return budget
+
+    def _comes_before(self, waiting: Request, running: Request) -> bool:
+        key = self.policy.service_key
+        waiting_key, running_key = key(waiting), key(running)
+        if waiting_key == running_key:
+            return waiting.tenant_id != running.tenant_id and waiting_key != float("inf")
+        return waiting_key < running_key
 
     def _follows_inflight_prefill(self, request: Request, num_matched: int) -> bool:
         """Whether a running prefill of the same namespace is computing pages ``request`` could
@@ -258,7 +297,7 @@ class Scheduler:
             if request.publish and reason != "abort":
                 self._publish(request)
             self._release(request)
-            self.running.remove(request)
+            self._remove_running(request)
         elif request.status is RequestStatus.WAITING:
             self.policy.remove(request)
         request.status = RequestStatus.FINISHED
@@ -266,7 +305,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self._release(request)
-        self.running.remove(request)
+        self._remove_running(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
@@ -277,6 +316,14 @@ class Scheduler:
             tenant_id=request.tenant_id,
             num_tokens=request.num_tokens,
         )
+
+    def _remove_running(self, request: Request) -> None:
+        self.running.remove(request)
+        left = self.slots[request.tenant_id] - 1
+        if left:
+            self.slots[request.tenant_id] = left
+        else:
+            del self.slots[request.tenant_id]
 
     def _release(self, request: Request) -> None:
         num_full = request.num_computed_tokens // self.page_size

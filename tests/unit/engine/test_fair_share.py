@@ -72,6 +72,39 @@ def test_returning_tenant_gets_no_burst_for_its_idle_time() -> None:
     assert served.get("busy", 0) >= 9 * 10
 
 
+def test_a_returning_tenant_wins_the_tie_once_then_alternates() -> None:
+    policy = FairSharePolicy()
+    for _ in range(10):
+        policy.add(make_request("busy"))
+    serve(policy, steps=3, cost=10)
+    policy.add(make_request("back"))
+    policy.add(make_request("back"))
+    assert policy.counter("back") == policy.counter("busy")  # lifted, no credit
+    # Ahead of the older requests of the tenant at the same counter, but only until served.
+    first = policy.pop()
+    assert first.tenant_id == "back"
+    policy.charge(first, 0, 0, 1)
+    after = policy.peek()
+    assert after is not None and after.tenant_id == "busy"
+
+
+def test_a_tenant_under_its_slot_share_goes_before_the_tenant_holding_the_slots() -> None:
+    policy = FairSharePolicy()
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=8)
+    for _ in range(5):
+        policy.add(make_request("flood"))
+    policy.add(make_request("quiet"))
+    policy.charge(make_request("quiet"), 0, 0, 50)  # quiet's counter is now far above flood's
+    assert policy.pop().tenant_id == "flood"  # nobody runs yet: the smaller counter goes first
+    slots["flood"] = 3  # under its share of 4 (two active tenants, equal weights)
+    assert policy.peek() is not None and policy.peek().tenant_id == "flood"  # type: ignore[union-attr]
+    slots["flood"] = 4  # at its share: the quiet tenant (no slot) goes first despite its counter
+    assert policy.pop().tenant_id == "quiet"
+    slots["quiet"] = 1
+    assert policy.pop().tenant_id == "flood"  # quiet has nothing left waiting
+
+
 def test_longest_cached_prefix_first_within_a_tenant() -> None:
     lengths = {}
     policy = FairSharePolicy(prefix_len=lambda r: lengths[r.request_id])

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.policy import FifoPolicy
+from engine.fair_share import FairSharePolicy
+from engine.policy import AdmissionPolicy, FifoPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -126,13 +127,14 @@ class Simulation:
     cache: PrefixCache
     budget: int
     max_num_seqs: int
+    policy: AdmissionPolicy = field(default_factory=FifoPolicy)
     scheduler: Scheduler = field(init=False)
     kv: dict[int, dict[int, int]] = field(default_factory=dict)  # page -> slot -> token
     finished: Counter[str] = field(default_factory=Counter)
     num_steps: int = 0
 
     def __post_init__(self) -> None:
-        self.scheduler = Scheduler(self.cache, FifoPolicy(), self.budget, self.max_num_seqs)
+        self.scheduler = Scheduler(self.cache, self.policy, self.budget, self.max_num_seqs)
 
     def add(
         self, request_id: str, prompt: list[int], max_tokens: int, tenant: str = "t"
@@ -290,6 +292,50 @@ def test_long_prompt_is_chunked_and_decodes_are_never_stalled() -> None:
     assert len(chunks) >= 150 // 16
     assert max(chunks) <= 15  # the decode took one token of the budget
     sim.run()
+    sim.assert_no_leaks()
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_less_served_tenants_prompt_runs_before_a_flooders_remaining_chunks(fair: bool) -> None:
+    policy = FairSharePolicy() if fair else FifoPolicy()
+    sim = Simulation(make_cache(False, 256, 4), budget=32, max_num_seqs=8, policy=policy)
+    floods = [sim.add(f"flood{i}", list(range(i, i + 100)), 2, tenant="flood") for i in range(3)]
+    sim.step()  # flood0 takes the whole budget; flood1 and flood2 wait
+    quiet = sim.add("quiet", list(range(500, 520)), max_tokens=2, tenant="quiet")
+    out = sim.step()
+    order = [seq.request.request_id for seq in out.seqs]
+    if fair:
+        # The quiet tenant has been served nothing: its whole prompt goes first in this step,
+        # ahead of the chunk the flooding tenant had in progress.
+        assert order[0] == "quiet" and out.seqs[0].num_new_tokens == 20
+        assert order[1:] == ["flood0"] and out.seqs[1].num_new_tokens == 12
+    else:
+        # In arrival order the flood's prompts keep the budget and the quiet one waits.
+        assert order == ["flood0"] and "quiet" not in order
+    assert floods[0].num_computed_tokens > 0
+    sim.run()
+    assert quiet.num_output_tokens == 2
+    assert all(f.num_output_tokens == 2 for f in floods)
+    sim.assert_no_leaks()
+
+
+def test_a_tenant_under_its_slot_share_gets_a_slot_within_a_step_of_arriving() -> None:
+    sim = Simulation(make_cache(True, 512, 4), budget=64, max_num_seqs=4, policy=FairSharePolicy())
+    floods = [sim.add(f"flood{i}", [i, 1, 2, 3, 4], 40, tenant="flood") for i in range(8)]
+    for _ in range(3):
+        sim.step()
+    assert sim.scheduler.slots == {"flood": 4}
+    quiet = sim.add("quiet", [9, 8, 7], max_tokens=3, tenant="quiet")
+    sim.policy.charge(quiet, 0, 0, 500)  # served much more than the flood so far, by counter
+    for _ in range(2):
+        sim.step()
+    # One flood request gave its slot up (its pages stay cached) and the quiet one runs, ahead
+    # of the four flood requests still waiting, whose counter is lower.
+    assert quiet.num_output_tokens >= 1
+    assert sim.scheduler.slots == {"flood": 3, "quiet": 1}
+    sim.run()
+    assert all(f.num_output_tokens == 40 for f in floods) and quiet.num_output_tokens == 3
+    assert sim.scheduler.slots == {}
     sim.assert_no_leaks()
 
 
