@@ -1,0 +1,69 @@
+"""Pre-packed projections give bit-identical results to the plain ones, per layer and per model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.functional import linear
+
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
+from engine.model.loader import load_model
+from engine.model.packed_linear import pack, packing_supported, project, project_add
+from tests.support.paged import PagedRunner, PagedSeq
+
+BF16_PACKING = packing_supported(torch.empty(1, dtype=torch.bfloat16))
+needs_packing = pytest.mark.skipif(
+    not BF16_PACKING, reason="this CPU's oneDNN has no bf16 kernels: the plain path is used"
+)
+
+
+def test_only_bf16_cpu_weights_are_packed() -> None:
+    assert pack(torch.randn(8, 4)) is None  # float32 keeps the plain path
+    assert (pack(torch.randn(8, 4).bfloat16()) is not None) == BF16_PACKING
+
+
+@needs_packing
+@pytest.mark.parametrize("num_tokens", [1, 3, 16, 77])
+def test_packed_projection_and_fused_add_equal_linear_and_addmm(num_tokens: int) -> None:
+    torch.manual_seed(num_tokens)
+    weight = torch.randn(96, 64).bfloat16()
+    bias = torch.randn(96).bfloat16()
+    x = torch.randn(num_tokens, 128).bfloat16()[:, :64]  # a strided view, as the model passes
+    residual = torch.randn(num_tokens, 96).bfloat16()
+    packed = pack(weight)
+    assert packed is not None
+    assert torch.equal(project(x, weight, packed), linear(x, weight))
+    assert torch.equal(project(x, weight, packed, bias), linear(x, weight, bias))
+    expected = torch.addmm(residual, x, weight.t())
+    assert torch.equal(project_add(x, weight, packed, residual), expected)
+    assert torch.equal(project_add(x, weight, None, residual), expected)
+
+
+def unpack(model: LlamaForCausalLM) -> None:
+    model.output_packed = None
+    for layer in model.layers:
+        assert isinstance(layer, DecoderLayer) and isinstance(layer.self_attn, Attention)
+        layer.self_attn.qkv_packed = layer.self_attn.o_packed = None
+        layer.mlp.gate_up_packed = layer.mlp.down_packed = None
+
+
+@needs_packing
+def test_a_packed_bf16_model_gives_the_same_logits_as_the_plain_one(tiny_llama_dir: Path) -> None:
+    model = load_model(str(tiny_llama_dir), dtype=torch.bfloat16).model
+    assert model.output_packed is not None  # packed at load
+    tokens = [
+        int(t) for t in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(3))
+    ]
+    logits = []
+    for packed in (True, False):
+        if not packed:
+            unpack(model)
+        runner = PagedRunner(model, TorchAttentionBackend(), num_pages=4, page_size=16)
+        seq = PagedSeq(tokens, [1, 3, 0, 2])
+        for n in [16, 7, 1, 1, 15]:
+            runner.step([seq], [n])
+        logits.append(torch.stack(seq.logits))
+    assert torch.equal(logits[0], logits[1])
