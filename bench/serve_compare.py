@@ -112,6 +112,8 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "atrium": ours["flood"]["jain_index"],
         "vllm": theirs["flood"]["jain_index"],
     }
+    for key in ("p99_ttft_over_solo", "p99_ttft_over_without_flooder"):
+        out[f"flood_{key}"] = {"atrium": ours["flood"][key], "vllm": theirs["flood"][key]}
     return out
 
 

@@ -101,7 +101,8 @@ async def run_suite(target: Target, config: SuiteConfig) -> dict[str, Any]:
 
 
 async def run_flood(target: Target, config: SuiteConfig) -> dict[str, Any]:
-    """Each tenant alone, then all at once with t0 sending ×factor: TTFT inflation and shares."""
+    """Each tenant alone, the normal tenants together, then all at once with t0 sending ×factor:
+    TTFT inflation over each baseline, and shares."""
     tenants = max(config.shape.num_tenants, 4)
     concurrency = {
         f"t{t}": config.flood_concurrency * (config.flood_factor if t == 0 else 1)
@@ -127,6 +128,10 @@ async def run_flood(target: Target, config: SuiteConfig) -> dict[str, Any]:
             target, tenant_specs, concurrency[tenant], config.deadline_s
         )
         solo[tenant] = _p99_ttft(records)
+    # The same normal tenants together without the flooder: what the flood itself adds.
+    others = {t: s for t, s in specs(403).items() if t != "t0"}
+    calm_records = await run_per_tenant(target, others, concurrency, config.deadline_s)
+    calm = {t: _p99_ttft([r for r in calm_records if r.tenant == t]) for t in others}
     records = await run_per_tenant(target, specs(402), concurrency, config.deadline_s)
     shares = backlogged_shares(records)
     times, per_tenant = service_over_time(records, 1.0)
@@ -137,6 +142,8 @@ async def run_flood(target: Target, config: SuiteConfig) -> dict[str, Any]:
         "p99_ttft_s": p99,
         "solo_p99_ttft_s": solo,
         "p99_ttft_over_solo": {t: p99[t] / solo[t] for t in solo if solo[t] > 0},
+        "without_flooder_p99_ttft_s": calm,
+        "p99_ttft_over_without_flooder": {t: p99[t] / calm[t] for t in calm if calm[t] > 0},
         "backlogged_shares": shares,
         "jain_index": jain_index(shares.values()),
         "service_over_time": {"bin_s": 1.0, "times": times, "tokens": per_tenant},
