@@ -61,9 +61,17 @@ class UsageMeter:
         """Wait until every event recorded so far is in the database or the spool."""
         if self._task is None:
             raise MeterClosedError("the usage meter is not running")
+        task = self._task
+        if task.done():
+            raise MeterClosedError("the usage meter is not running")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(done)
-        await asyncio.shield(done)
+        # Never wait on a writer that is gone: if the task ends first (closed, or failed on
+        # something it could not spool), say so instead of hanging.
+        await asyncio.wait((done, task), return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            error = None if task.cancelled() else task.exception()
+            raise MeterClosedError(f"the usage meter stopped: {error!r}")
 
     async def close(self) -> None:
         """Drain the queue, try a last replay, stop the task."""

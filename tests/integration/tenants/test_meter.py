@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from tenants import Database
+from tenants.errors import MeterClosedError
 from tenants.meter import UsageMeter
 from tenants.models import UsageEventRow
 from tenants.records import UsageEvent
@@ -112,5 +114,27 @@ def test_meter_recovers_in_place_without_losing_or_doubling(
             assert not meter.spooled
             await meter.close()
             assert await _stored(domain, clock) == (5, 5, sum(10 + n for n in range(1, 6)))
+
+    asyncio.run(body())
+
+
+def test_flush_reports_a_writer_that_could_not_spool_instead_of_hanging(
+    clock, tmp_path: Path
+) -> None:
+    class DownSink:
+        async def write(self, events: Sequence[UsageEvent]) -> None:
+            raise OSError("database down")
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the spool's folder should be")
+
+    async def body() -> None:
+        meter = UsageMeter(DownSink(), blocker / "usage.spool", retry_interval_s=0.05)
+        await meter.start()
+        meter.record(_event(clock, 1))
+        with pytest.raises(MeterClosedError, match="stopped"):
+            await asyncio.wait_for(meter.flush(), 10)
+        with pytest.raises(MeterClosedError):
+            await meter.flush()  # and at once afterwards
 
     asyncio.run(body())
