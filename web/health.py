@@ -25,10 +25,14 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, object]]
     except Exception:
         database = False
     draining = bool(model_loaded and state.generation.draining)
-    ready = model_loaded and database and not draining
+    # The engine runs in a child process that can die on its own (killed, out of memory).
+    engine = state.get("engine")
+    engine_running = bool(getattr(engine, "is_running", True))
+    ready = model_loaded and database and engine_running and not draining
     body: dict[str, object] = {
         "status": "ready" if ready else "unavailable",
         "model_loaded": model_loaded,
+        "engine_running": engine_running,
         "database": database,
         "draining": draining,
     }

@@ -2,88 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
+from tests.support.serve import Server, running_server
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-ATRIUM = [sys.executable, "-c", "from web.cli import main; raise SystemExit(main())"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def atrium(*args: str, env: dict[str, str]) -> dict[str, object]:
-    done = subprocess.run(
-        [*ATRIUM, *args], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
-class Server:
-    def __init__(self, tmp: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "ATRIUM_DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'atrium.db'}",
-            "ATRIUM_ADMIN_TOKEN": "admin-e2e-token",
-            "ATRIUM_USAGE_SPOOL_PATH": str(tmp / "usage.spool"),
-            "ATRIUM_DTYPE": "float32",
-        }
-        self.tenant_ids: dict[str, str] = {}
-
-    def client(self, key: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0)
-
-    def key_for(self, tenant: str) -> str:
-        if tenant not in self.tenant_ids:
-            self.tenant_ids[tenant] = str(atrium("tenants", "create", tenant, env=self.env)["id"])
-        return str(atrium("keys", "create", self.tenant_ids[tenant], env=self.env)["key"])
-
-    def admin(self, method: str, path: str, body: object = None) -> httpx.Response:
-        headers = {"Authorization": "Bearer admin-e2e-token"}
-        return httpx.request(method, self.base + path, json=body, headers=headers, timeout=30)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("serve")
-    srv = Server(tmp)
-    log_path = tmp / "serve.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [*ATRIUM, "serve", "--port", str(srv.port)], env=srv.env, stdout=log, stderr=log
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(srv.base + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("atrium serve did not become ready")
+    with running_server(tmp_path_factory.mktemp("serve")) as (srv, proc, log_path):
         yield srv
-    finally:
         proc.terminate()
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=60) == 0, log_path.read_text()
 
 
 def test_chat_and_completions(server: Server) -> None:
