@@ -35,11 +35,6 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """``residual + x @ weight.T`` as one GEMM (the add is the GEMM's accumulate)."""
-    return project_add(x, weight, None, residual)
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()

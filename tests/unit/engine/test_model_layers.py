@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.llama import RMSNorm, linear_add
+from engine.model.llama import RMSNorm
+from engine.model.packed_linear import project_add
 from engine.model.rope import RopeTables, apply_rope, rope_cos_sin, rope_inplace, signed_sin
 
 
@@ -38,8 +39,8 @@ def test_rms_norm_equals_the_reference_formula(dtype: torch.dtype) -> None:
     torch.testing.assert_close(norm(x), expected, atol=atol, rtol=0)
 
 
-def test_linear_add_is_residual_plus_projection() -> None:
+def test_project_add_is_residual_plus_projection() -> None:
     torch.manual_seed(2)
     x, weight, residual = torch.randn(4, 24), torch.randn(10, 24), torch.randn(4, 10)
     expected = residual + torch.nn.functional.linear(x, weight)
-    torch.testing.assert_close(linear_add(x, weight, residual), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(project_add(x, weight, None, residual), expected, atol=1e-5, rtol=0)
