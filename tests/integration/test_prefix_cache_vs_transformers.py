@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from engine.attention import torch_backend
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
@@ -84,3 +85,22 @@ def test_a_long_prompt_arriving_twice_at_once_is_prefilled_once(tmp_path: Path) 
     # The second request waits for the first's chunks and then reuses all but its last page.
     assert engine.stats.num_prefill_tokens <= 2048 + 16
     assert outputs[1].num_cached_tokens == 2032
+
+
+@pytest.mark.parametrize("budget", [16, 512])
+def test_decodes_reading_shared_pages_once_give_the_same_tokens(
+    tiny_pair: tuple[LoadedModel, list[list[int]]],
+    monkeypatch: pytest.MonkeyPatch,
+    budget: int,
+) -> None:
+    """With the shared-prefix split of decode attention always on, nothing changes."""
+    monkeypatch.setattr(torch_backend, "CASCADE_MIN_SAVED_TOKENS", -(10**9))
+    loaded, expected = tiny_pair
+    engine = LLMEngine(
+        loaded,
+        EngineConfig(dtype="float32", num_pages=64, max_num_batched_tokens=budget, max_num_seqs=8),
+        prefix_cache_factory=RadixPrefixCache,
+    )
+    run_greedy(engine, prompts()[:1], NUM_NEW, tag="cold")
+    warm, _ = run_greedy(engine, prompts(), NUM_NEW, tag="warm")
+    assert warm == expected
