@@ -34,7 +34,9 @@ class TokenizerLike(Protocol):
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
 
 
-class EngineClient(Protocol):
+class GenerationEngine(Protocol):
+    """What serving needs of an engine: the engine's own clients and test fakes satisfy it."""
+
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> Any: ...
@@ -45,7 +47,7 @@ class ModelRuntime:
     """The served model: its engine, tokenizer, context length and the names it answers to."""
 
     name: str
-    engine: EngineClient
+    engine: GenerationEngine
     tokenizer: TokenizerLike
     max_model_len: int
     aliases: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ from engine.llm_engine import LLMEngine
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
+from tests.support.async_engine import collect, greedy_request, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -28,21 +29,7 @@ def new_engine(tiny: LoadedModel) -> AsyncEngine:
 
 
 def request(rid: str, max_tokens: int = 6, prompt_len: int = 10) -> GenerateRequest:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return GenerateRequest(rid, list(range(1, prompt_len + 1)), params)
-
-
-async def collect(engine: AsyncEngine, req: GenerateRequest) -> list[RequestOutput]:
-    return [output async for output in engine.generate(req)]
-
-
-async def wait_for(predicate: object, timeout: float = 10.0) -> None:
-    assert callable(predicate)
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
+    return greedy_request(rid, list(range(1, prompt_len + 1)), max_tokens)
 
 
 def test_concurrent_generates_stream_to_their_own_consumers(tiny: LoadedModel) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,8 @@ from engine.model.loader import load_model, load_tokenizer
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.process_engine import EngineSpec, ProcessEngine
 from engine.sampling_params import SamplingParams
+from tests.support.async_engine import collect, greedy_request
+from tests.support.async_engine import wait_for as wait_for_within
 
 CONFIG = EngineConfig(
     num_pages=32, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256, dtype="float32"
@@ -48,21 +50,11 @@ def shared(tiny_llama_dir: Path) -> Iterator[ProcessEngine]:
 
 
 def request(rid: str, max_tokens: int = 6, prompt: list[int] | None = None) -> GenerateRequest:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return GenerateRequest(rid, prompt or list(range(1, 11)), params)
+    return greedy_request(rid, prompt or list(range(1, 11)), max_tokens)
 
 
-async def collect(engine: ProcessEngine, req: GenerateRequest) -> list[RequestOutput]:
-    return [output async for output in engine.generate(req)]
-
-
-async def wait_for(predicate: object, timeout: float = 20.0) -> None:
-    assert callable(predicate)
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
+async def wait_for(predicate: Callable[[], object]) -> None:
+    await wait_for_within(predicate, timeout=20.0)  # the child answers between its steps
 
 
 def reference_tokens(model_dir: Path, requests: list[GenerateRequest]) -> dict[str, list[int]]:
