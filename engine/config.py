@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CPU_MAX_NUM_BATCHED_TOKENS = 512
+CPU_MAX_NUM_BATCHED_TOKENS = 2048
 GPU_MAX_NUM_BATCHED_TOKENS = 8192
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
@@ -14,7 +14,7 @@ class EngineConfig:
     """How the engine sizes its KV cache and its steps; fixed for the engine's life.
 
     The KV budget is ``num_pages`` when given, else as many pages as ``kv_cache_bytes`` holds.
-    ``max_num_batched_tokens`` None means 512 on CPU and 8192 on CUDA; ``max_model_len`` None
+    ``max_num_batched_tokens`` None means 2048 on CPU and 8192 on CUDA; ``max_model_len`` None
     means the model's own context length.
     """
 
