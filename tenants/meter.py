@@ -59,10 +59,8 @@ class UsageMeter:
 
     async def flush(self) -> None:
         """Wait until every event recorded so far is in the database or the spool."""
-        if self._task is None:
-            raise MeterClosedError("the usage meter is not running")
         task = self._task
-        if task.done():
+        if task is None or task.done():
             raise MeterClosedError("the usage meter is not running")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(done)

@@ -45,6 +45,9 @@ class _Keys:
             self.head_rows = _head_rows(self.k_rows, page_size, num_kv_heads)
         return self.head_rows
 
+    def to(self, device: torch.device) -> _Keys:
+        return _Keys(self.k_rows.to(device), self.bias.to(device))
+
 
 @dataclass(slots=True)
 class _Cascade:
@@ -58,6 +61,16 @@ class _Cascade:
     members: int  # query slots per group (the largest group; smaller ones are padded)
     query_rows: torch.Tensor  # [groups * members] int64 decode index of each slot (padding: 0)
     slots: torch.Tensor  # [num_decodes] int64 each decode's slot
+
+    def to(self, device: torch.device) -> _Cascade:
+        return _Cascade(
+            self.prefix.to(device),
+            self.suffix.to(device),
+            self.bias.to(device),
+            self.members,
+            self.query_rows.to(device),
+            self.slots.to(device),
+        )
 
 
 @dataclass(slots=True)
@@ -119,7 +132,7 @@ class TorchAttentionBackend(AttentionBackend):
             write_rows=write_rows,
             write_v_rows=write_rows + ps,
             decode_rows=decode_rows.to(device),
-            decodes=_to_device(decodes, device),
+            decodes=None if decodes is None else decodes.to(device),
             chunks=chunks,
         )
 
@@ -171,9 +184,7 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 if chunk.head_rows is None:
                     chunk.head_rows = _head_rows(chunk.k_rows, plan.page_size, num_kv_heads)
-                index = chunk.head_rows  # [2, kv_heads, kv_len]
-                kv = kv_cache.view(-1, head_dim).index_select(0, index.view(-1))
-                ks, vs = kv.view(*index.shape, head_dim).unbind(0)
+                ks, vs = _gather(kv_cache, chunk.head_rows).unbind(0)  # [kv_heads, kv_len, d]
             out[chunk.q_start : chunk.q_end] = _sdpa_chunk(qs, ks, vs, chunk.mask)
         return out
 
@@ -200,8 +211,9 @@ class TorchAttentionBackend(AttentionBackend):
         qs = qg.index_select(0, decodes.query_rows)
         qp = qs.view(units, members, num_kv_heads, group, head_dim).transpose(1, 2)
         qp = qp.reshape(units, num_kv_heads, members * group, head_dim)
-        kp = _gather(kv_cache, decodes.prefix, ps)  # [2, groups, kv_heads, prefix_len, dim]
-        ks = _gather(kv_cache, decodes.suffix, ps)  # [2, slots, kv_heads, suffix_len, dim]
+        # [2, groups, kv_heads, prefix_len, dim] and [2, slots, kv_heads, suffix_len, dim]
+        kp = _gather(kv_cache, decodes.prefix.heads(ps, num_kv_heads))
+        ks = _gather(kv_cache, decodes.suffix.heads(ps, num_kv_heads))
         prefix_len = kp.shape[3]
         scores_p = torch.matmul(qp, kp[0].transpose(2, 3)).view(
             units, num_kv_heads, members, group, prefix_len
@@ -218,7 +230,7 @@ class TorchAttentionBackend(AttentionBackend):
         out_p = torch.matmul(probs_p, kp[1]).view(units, num_kv_heads, members, group, head_dim)
         out_p = out_p.transpose(1, 2).reshape(units * members, num_kv_heads, group, head_dim)
         out_s = torch.matmul(probs_s, ks[1])  # [slots, kv_heads, group, dim]
-        out = out_p[decodes.slots].float().add_(out_s[decodes.slots].float())
+        out = out_p.float().add_(out_s.float())[decodes.slots]
         return out.to(q.dtype).view(num_seqs, num_heads, head_dim)
 
 
@@ -302,26 +314,12 @@ def _keys(tables: list[list[int]], starts: list[int], ends: list[int], ps: int) 
     return _Keys(rows.gather(1, cols), bias[:, None, None, :])
 
 
-def _to_device(decodes: _Keys | _Cascade | None, device: torch.device) -> _Keys | _Cascade | None:
-    if isinstance(decodes, _Keys):
-        return _Keys(decodes.k_rows.to(device), decodes.bias.to(device))
-    if isinstance(decodes, _Cascade):
-        return _Cascade(
-            _to_device(decodes.prefix, device),  # type: ignore[arg-type]
-            _to_device(decodes.suffix, device),  # type: ignore[arg-type]
-            decodes.bias.to(device),
-            decodes.members,
-            decodes.query_rows.to(device),
-            decodes.slots.to(device),
-        )
-    return None
-
-
-def _gather(kv_cache: torch.Tensor, keys: _Keys, page_size: int) -> torch.Tensor:
-    """K and V of every unit in one gather: ``[2, units, kv_heads, max_len, head_dim]``."""
+def _gather(kv_cache: torch.Tensor, head_rows: torch.Tensor) -> torch.Tensor:
+    """K and V in one gather: ``head_rows`` [2, ..., kv_heads, len] (see ``_head_rows``) gives
+    ``[2, ..., kv_heads, len, head_dim]``."""
     head_dim = kv_cache.shape[-1]
-    index = keys.heads(page_size, kv_cache.shape[-2])  # [2, units, kv_heads, max_len]
-    return kv_cache.view(-1, head_dim).index_select(0, index.view(-1)).view(*index.shape, head_dim)
+    kv = kv_cache.view(-1, head_dim).index_select(0, head_rows.view(-1))
+    return kv.view(*head_rows.shape, head_dim)
 
 
 def _padded_attention(
@@ -331,7 +329,7 @@ def _padded_attention(
     page_size: int,
 ) -> torch.Tensor:  # [units, num_kv_heads, rows, head_dim]
     """Softmax attention of each unit's query rows over its keys."""
-    kv = _gather(kv_cache, keys, page_size)
+    kv = _gather(kv_cache, keys.heads(page_size, kv_cache.shape[-2]))
     scores = torch.matmul(q, kv[0].transpose(2, 3))  # [units, kv_heads, rows, max_len]
     scores = scores.float().mul_(q.shape[-1] ** -0.5).add_(keys.bias)
     return torch.matmul(scores.softmax(dim=-1).to(q.dtype), kv[1])
