@@ -64,7 +64,10 @@ def test_unreachable_database_spools_and_a_later_process_replays_once(
     events = [_event(clock, n) for n in range(6)]
 
     async def outage() -> None:
-        bad = await Database.connect(f"sqlite+aiosqlite:///{tmp_path / 'missing' / 'x.db'}")
+        # Nothing listens on port 1: every write fails to connect, as in an outage. (A SQLite
+        # file in a missing folder fails too, but aiosqlite then answers its own clean-up from a
+        # worker thread that can outlive the event loop.)
+        bad = await Database.connect("postgresql+asyncpg://atrium@127.0.0.1:1/absent")
         meter = UsageMeter(UsageStore(bad), spool, retry_interval_s=0.05)
         await meter.start()
         for event in events:
