@@ -46,9 +46,15 @@ class BackendSpec:
 
 
 def _build_torch(spec: BackendSpec) -> AttentionBackend:
+    from engine.attention.native import DecodeKernel, load_decode_kernel
     from engine.attention.torch_backend import TorchAttentionBackend
 
-    return TorchAttentionBackend()
+    kernel = None
+    if spec.device.type == "cpu" and DecodeKernel.supports(
+        spec.dtype, spec.num_q_heads, spec.num_kv_heads, spec.head_dim
+    ):
+        kernel = load_decode_kernel()
+    return TorchAttentionBackend(kernel)
 
 
 def _build_flashinfer(spec: BackendSpec) -> AttentionBackend:

@@ -1,7 +1,10 @@
-"""Paged attention in plain torch for CPU: decodes batched in one padded matmul, chunks apart.
+"""Paged attention on the CPU: decodes through the native kernel that reads the paged cache in
+place (``native.py``), or, where it is not built, batched in one padded torch matmul; prefill
+chunks through torch's SDPA.
 
 It reads exactly the shared CSR page table. Everything that depends only on the step (slot
-indices, decode gather index and mask, each chunk's causal mask) is built once in ``plan``.
+indices, decode page tables or gather index and mask, each chunk's causal mask) is built once in
+``plan``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.native import DecodeKernel
 from engine.attention.shared_prefix import group_shared_prefixes
 
 
@@ -74,12 +78,27 @@ class _Cascade:
 
 
 @dataclass(slots=True)
+class _PageTables:
+    """The decodes' own CSR page table, for the native kernel."""
+
+    pages: torch.Tensor  # [total_pages] int32
+    indptr: torch.Tensor  # [num_decodes + 1] int32
+    kv_lens: torch.Tensor  # [num_decodes] int32
+
+    def to(self, device: torch.device) -> _PageTables:
+        if device.type != "cpu":
+            raise ValueError(f"the native decode kernel runs on the CPU, not {device}")
+        return self
+
+
+@dataclass(slots=True)
 class _Plan:
     page_size: int
     write_rows: torch.Tensor  # [num_tokens] int64 flat-cache rows of the new tokens' K
     write_v_rows: torch.Tensor  # [num_tokens] int64 the same for V (``write_rows + page_size``)
     decode_rows: torch.Tensor  # [num_decodes] int64 rows of the batch that are decodes
-    decodes: _Keys | _Cascade | None  # each decode's whole history, or split by shared prefix
+    # Each decode's pages (native kernel), whole history padded, or split by shared prefix.
+    decodes: _PageTables | _Keys | _Cascade | None
     chunks: list[_Chunk]
 
 
@@ -99,8 +118,13 @@ class TorchAttentionBackend(AttentionBackend):
 
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, decode_kernel: DecodeKernel | None = None) -> None:
         self._plan: _Plan | None = None
+        self._kernel = decode_kernel
+
+    @property
+    def native_decode(self) -> bool:
+        return self._kernel is not None
 
     def plan(self, meta: AttentionMetadata) -> None:
         ps = meta.page_size
@@ -119,8 +143,10 @@ class TorchAttentionBackend(AttentionBackend):
             if n > 1
         ]
         decode_rows = torch.tensor([qo_indptr[i] for i in decode_seqs], dtype=torch.int64)
-        decodes: _Keys | _Cascade | None = None
-        if decode_seqs:
+        decodes: _PageTables | _Keys | _Cascade | None = None
+        if decode_seqs and self._kernel is not None:
+            decodes = _decode_page_tables(meta, decode_seqs, kv_indptr)
+        elif decode_seqs:
             page_ids = meta.kv_indices.tolist()
             tables = [page_ids[kv_indptr[i] : kv_indptr[i + 1]] for i in decode_seqs]
             kv_lens = [meta.kv_lens[i] for i in decode_seqs]
@@ -188,18 +214,21 @@ class TorchAttentionBackend(AttentionBackend):
             out[chunk.q_start : chunk.q_end] = _sdpa_chunk(qs, ks, vs, chunk.mask)
         return out
 
-    @staticmethod
     def _decode(
+        self,
         q: torch.Tensor,  # [num_decodes, num_q_heads, head_dim]
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
         plan: _Plan,
     ) -> torch.Tensor:  # [num_decodes, num_q_heads, head_dim]
+        decodes = plan.decodes
+        if isinstance(decodes, _PageTables):
+            assert self._kernel is not None
+            return self._kernel(q, kv_cache, decodes.pages, decodes.indptr, decodes.kv_lens)
         num_seqs, num_heads, head_dim = q.shape
         num_kv_heads = kv_cache.shape[-2]
         group = num_heads // num_kv_heads
         # Query heads of one KV group share its keys: [seqs, kv_heads, group, head_dim].
         qg = q.reshape(num_seqs, num_kv_heads, group, head_dim)
-        decodes = plan.decodes
         if isinstance(decodes, _Keys):
             out = _padded_attention(qg, kv_cache, decodes, plan.page_size)
             return out.view(num_seqs, num_heads, head_dim)
@@ -232,6 +261,21 @@ class TorchAttentionBackend(AttentionBackend):
         out_s = torch.matmul(probs_s, ks[1])  # [slots, kv_heads, group, dim]
         out = out_p.float().add_(out_s.float())[decodes.slots]
         return out.to(q.dtype).view(num_seqs, num_heads, head_dim)
+
+
+def _decode_page_tables(
+    meta: AttentionMetadata, decode_seqs: list[int], kv_indptr: list[int]
+) -> _PageTables:
+    """The decodes' rows of the step's CSR table (the whole table when every row decodes)."""
+    if len(decode_seqs) == meta.num_seqs:
+        pages, indptr = meta.kv_indices, meta.kv_indptr
+    else:
+        parts = [meta.kv_indices[kv_indptr[i] : kv_indptr[i + 1]] for i in decode_seqs]
+        pages = torch.cat(parts)
+        counts = torch.tensor([0] + [kv_indptr[i + 1] - kv_indptr[i] for i in decode_seqs])
+        indptr = counts.cumsum(0).to(torch.int32)
+    kv_lens = torch.tensor([meta.kv_lens[i] for i in decode_seqs], dtype=torch.int32)
+    return _PageTables(pages.cpu().contiguous(), indptr.cpu().contiguous(), kv_lens)
 
 
 # A cascade costs a dozen more small kernels per layer; it pays off once it spares reading

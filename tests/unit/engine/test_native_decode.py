@@ -1,0 +1,221 @@
+"""The native CPU decode kernel against per-sequence reference attention and the torch path."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.attention import native
+from engine.attention.backend import allocate_kv_caches
+from engine.attention.metadata import SeqSlice, build_attention_metadata
+from engine.attention.native import DecodeKernel, build_library, load_decode_kernel
+from engine.attention.registry import create_backend
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.model.config import ModelConfig
+
+KERNEL = load_decode_kernel()
+needs_kernel = pytest.mark.skipif(
+    KERNEL is None, reason="no C compiler here (the torch decode path is tested without one)"
+)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One decode: q [heads, dim] over k/v [kv_len, kv_heads, dim], in float64."""
+    group = q.shape[0] // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("hd,khd->hk", q.double(), k) / q.shape[-1] ** 0.5
+    return torch.einsum("hk,khd->hd", scores.softmax(-1), v)
+
+
+def filled_cache(
+    kv_lens: list[int], page_size: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
+    """A cache holding each sequence's K/V in shuffled pages; returns the tables and K/V."""
+    rng = random.Random(seed)
+    num_pages = sum(-(-n // page_size) for n in kv_lens) + 1
+    pages = list(range(num_pages))
+    rng.shuffle(pages)
+    cache = allocate_kv_caches(1, num_pages, page_size, kv_heads, dim, dtype)[0]
+    tables, keys, values = [], [], []
+    for n in kv_lens:
+        table = [pages.pop() for _ in range(-(-n // page_size))]
+        k = torch.randn(n, kv_heads, dim).to(dtype)
+        v = torch.randn(n, kv_heads, dim).to(dtype)
+        for pos in range(n):
+            cache[table[pos // page_size], 0, pos % page_size] = k[pos]
+            cache[table[pos // page_size], 1, pos % page_size] = v[pos]
+        tables.append(table)
+        keys.append(k)
+        values.append(v)
+    return cache, tables, keys, values
+
+
+def csr(tables: list[list[int]], kv_lens: list[int]) -> tuple[torch.Tensor, ...]:
+    indptr = [0]
+    for table in tables:
+        indptr.append(indptr[-1] + len(table))
+    flat = [p for table in tables for p in table]
+    return (
+        torch.tensor(flat, dtype=torch.int32),
+        torch.tensor(indptr, dtype=torch.int32),
+        torch.tensor(kv_lens, dtype=torch.int32),
+    )
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (8, 8, 64), (8, 2, 128), (10, 2, 32), (6, 2, 80), (32, 2, 16)],
+)
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_float32_decodes_match_reference(
+    heads: int, kv_heads: int, dim: int, page_size: int
+) -> None:
+    """Every group size the kernel specialises (1, 2, 3, 4, 8) and the generic one (5, 16),
+    head sizes with and without a specialisation, sequences shorter and longer than a page."""
+    assert KERNEL is not None
+    torch.manual_seed(page_size)
+    kv_lens = [1, 2, page_size, page_size + 1, 37, 130]
+    cache, tables, keys, values = filled_cache(
+        kv_lens, page_size, kv_heads, dim, torch.float32, seed=dim
+    )
+    q = torch.randn(len(kv_lens), heads, dim)
+    out = KERNEL(q, cache, *csr(tables, kv_lens))
+    assert out.shape == q.shape and out.dtype == torch.float32
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        torch.testing.assert_close(out[i].double(), reference(q[i], k, v), atol=2e-6, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_bfloat16_decodes_match_the_torch_path(page_size: int) -> None:
+    """In bfloat16 the kernel rounds where the torch path rounds (scores, probabilities, output):
+    the two agree to a bfloat16 ulp, and both stay close to exact attention."""
+    torch.manual_seed(7)
+    kv_lens = [1, 3, 17, 64, 300]
+    cache, tables, keys, values = filled_cache(kv_lens, page_size, 3, 64, torch.bfloat16, seed=7)
+    q = torch.randn(len(kv_lens), 9, 64).to(torch.bfloat16)
+    new_k = torch.stack([k[-1] for k in keys])
+    new_v = torch.stack([v[-1] for v in values])
+    meta = build_attention_metadata(
+        [SeqSlice(t, n - 1, 1) for t, n in zip(tables, kv_lens, strict=True)], page_size
+    )
+    outs = []
+    for backend in (TorchAttentionBackend(), TorchAttentionBackend(KERNEL)):
+        backend.plan(meta)
+        outs.append(backend.forward(0, q, new_k, new_v, cache.clone()))
+    torch_out, native_out = outs
+    assert native_out.dtype == torch.bfloat16
+    torch.testing.assert_close(native_out.float(), torch_out.float(), atol=4e-3, rtol=8e-3)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        exact = reference(q[i], k, v)
+        torch.testing.assert_close(native_out[i].double(), exact, atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+def test_mixed_step_with_prefill_chunks_matches_the_torch_path() -> None:
+    """Decodes between prefill chunks: the kernel gets the decodes' own rows of the table."""
+    torch.manual_seed(3)
+    page_size, kv_heads, heads, dim = 4, 2, 6, 16
+    # (tokens already cached, tokens run now)
+    shapes = [(6, 1), (0, 9), (11, 1), (5, 7), (0, 1), (40, 1)]
+    kv_lens = [c + n for c, n in shapes]
+    cache, tables, _, _ = filled_cache(kv_lens, page_size, kv_heads, dim, torch.float32, seed=3)
+    meta = build_attention_metadata(
+        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], page_size
+    )
+    num_tokens = sum(n for _, n in shapes)
+    q = torch.randn(num_tokens, heads, dim)
+    k = torch.randn(num_tokens, kv_heads, dim)
+    v = torch.randn(num_tokens, kv_heads, dim)
+    native_backend = TorchAttentionBackend(KERNEL)
+    outs = []
+    for backend in (TorchAttentionBackend(), native_backend):
+        backend.plan(meta)
+        outs.append(backend.forward(0, q, k, v, cache.clone()))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    assert native_backend.native_decode
+
+
+@needs_kernel
+def test_query_rows_may_be_strided_views_of_fused_qkv() -> None:
+    assert KERNEL is not None
+    torch.manual_seed(5)
+    kv_lens = [3, 20, 9]
+    cache, tables, keys, values = filled_cache(kv_lens, 4, 3, 64, torch.float32, seed=5)
+    qkv = torch.randn(len(kv_lens), (9 + 2 * 3) * 64)
+    q = qkv[:, : 9 * 64].view(-1, 9, 64)  # rows 15 * 64 apart
+    assert not q.is_contiguous()
+    out = KERNEL(q, cache, *csr(tables, kv_lens))
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        torch.testing.assert_close(out[i].double(), reference(q[i], k, v), atol=2e-6, rtol=1e-5)
+
+
+@needs_kernel
+def test_unsupported_inputs_are_refused_not_misread() -> None:
+    assert KERNEL is not None
+    cache, tables, _, _ = filled_cache([5], 4, 2, 16, torch.float32, seed=0)
+    tables_csr = csr(tables, [5])
+    with pytest.raises(ValueError, match="unsupported"):
+        KERNEL(torch.randn(1, 4, 16).to(torch.bfloat16), cache, *tables_csr)  # dtype mismatch
+    with pytest.raises(ValueError, match="unsupported"):
+        KERNEL(torch.randn(1, 5, 16), cache, *tables_csr)  # 5 heads over 2 KV heads
+    with pytest.raises(ValueError, match="int32"):
+        KERNEL(torch.randn(1, 4, 16), cache, *(t.long() for t in tables_csr))
+    small, small_tables, _, _ = filled_cache([5], 4, 2, 8, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="head_dim 8"):
+        KERNEL(torch.randn(1, 4, 8), small, *csr(small_tables, [5]))
+    assert not DecodeKernel.supports(torch.float32, 4, 2, 8)
+    assert not DecodeKernel.supports(torch.float16, 4, 2, 64)
+    assert DecodeKernel.supports(torch.bfloat16, 9, 3, 64)
+
+
+def test_the_cpu_backend_uses_the_kernel_where_it_applies() -> None:
+    def model(head_dim: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=64,
+            hidden_size=4 * head_dim,
+            intermediate_size=64,
+            num_layers=1,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=head_dim,
+        )
+
+    cpu = torch.device("cpu")
+    for dtype, head_dim, expected in [
+        (torch.float32, 16, KERNEL is not None),
+        (torch.bfloat16, 64, KERNEL is not None),
+        (torch.float16, 64, False),
+        (torch.float32, 8, False),
+    ]:
+        backend = create_backend(cpu, model(head_dim), page_size=16, dtype=dtype)
+        assert isinstance(backend, TorchAttentionBackend)
+        assert backend.native_decode is expected, (dtype, head_dim)
+
+
+@pytest.mark.slow
+@needs_kernel
+def test_builds_once_per_source_and_reuses_the_cached_library(tmp_path: Path) -> None:
+    first = build_library(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert build_library(tmp_path) == first
+    assert first.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no build folder left behind
+    kernel = native.try_load_decode_kernel(tmp_path)
+    assert kernel is not None and kernel.library == first
+
+
+def test_no_compiler_or_switched_off_means_no_kernel(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert native.try_load_decode_kernel(tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("ATRIUM_NATIVE_KERNELS", "0")
+    assert not native.native_enabled()
+    assert native.try_load_decode_kernel(tmp_path) is None
