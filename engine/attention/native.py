@@ -1,8 +1,10 @@
-"""The CPU decode-attention kernel (``cpu_decode.c``): built with the system C compiler on first
-use, cached by the hash of its source, compiler, flags and CPU, and called through ctypes.
+"""Native CPU kernels: C sources built with the system C compiler on first use, cached by the hash
+of source, compiler, flags and CPU, and called through ctypes (which releases the GIL). Here the
+decode-attention kernel (``cpu_decode.c``); ``engine/model/native_ops.py`` builds the layer's
+element-wise kernels the same way.
 
-Where no compiler is found or the build fails, :func:`load_decode_kernel` returns None and the
-torch backend keeps its pure-torch decode path. ``ATRIUM_NATIVE_KERNELS=0`` turns the kernel off;
+Where no compiler is found or the build fails, the loaders return None and the callers keep
+their torch code. ``ATRIUM_NATIVE_KERNELS=0`` turns the kernel off;
 ``ATRIUM_CACHE_DIR`` moves the build cache (default ``$XDG_CACHE_HOME/atrium`` or
 ``~/.cache/atrium``).
 """
@@ -26,7 +28,7 @@ import torch
 log = structlog.get_logger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-shared", "-fPIC", "-std=c11")
 COMPILE_TIMEOUT_S = 120.0
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -67,8 +69,8 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def build_library(cache_dir: Path | None = None) -> Path:
-    """Compile the kernel unless a build for this source, compiler and CPU is cached."""
+def build_library(cache_dir: Path | None = None, source: Path = SOURCE) -> Path:
+    """Compile ``source`` unless a build for it, this compiler and this CPU is cached."""
     compiler = _compiler()
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc or gcc) on PATH; set CC")
@@ -80,11 +82,11 @@ def build_library(cache_dir: Path | None = None) -> Path:
         timeout=COMPILE_TIMEOUT_S,
     ).stdout
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), version.encode(), " ".join(FLAGS).encode()):
+    for part in (source.read_bytes(), version.encode(), " ".join(FLAGS).encode()):
         digest.update(part)
     digest.update(_cpu_flags().encode())
     folder = cache_dir or _cache_dir()
-    target = folder / f"cpu_decode-{digest.hexdigest()[:16]}.so"
+    target = folder / f"{source.stem}-{digest.hexdigest()[:16]}.so"
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -92,7 +94,7 @@ def build_library(cache_dir: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"],
+            [compiler, *FLAGS, "-o", str(built), str(source), "-lm"],
             check=False,
             capture_output=True,
             text=True,
@@ -182,21 +184,30 @@ class DecodeKernel:
         return out
 
 
-def try_load_decode_kernel(cache_dir: Path | None = None) -> DecodeKernel | None:
-    """The kernel, or None (logged) where it is turned off or cannot be built."""
+def try_build(source: Path, cache_dir: Path | None = None) -> Path | None:
+    """:func:`build_library`, or None (logged) where native kernels are off or cannot be built."""
     if not native_enabled():
         return None
     started = time.perf_counter()
     try:
-        library = build_library(cache_dir)
-        kernel = DecodeKernel(library)
+        library = build_library(cache_dir, source)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("native_decode_kernel_unavailable", error=str(exc)[:500])
+        log.warning("native_kernel_unavailable", source=source.name, error=str(exc)[:500])
         return None
-    log.debug(
-        "native_decode_kernel_loaded", library=str(library), seconds=time.perf_counter() - started
-    )
-    return kernel
+    log.debug("native_kernel_ready", library=str(library), seconds=time.perf_counter() - started)
+    return library
+
+
+def try_load_decode_kernel(cache_dir: Path | None = None) -> DecodeKernel | None:
+    """The decode kernel, or None where it is turned off or cannot be built or loaded."""
+    library = try_build(SOURCE, cache_dir)
+    if library is None:
+        return None
+    try:
+        return DecodeKernel(library)
+    except (OSError, AttributeError) as exc:
+        log.warning("native_kernel_unavailable", source=SOURCE.name, error=str(exc)[:500])
+        return None
 
 
 @functools.cache

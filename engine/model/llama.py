@@ -3,7 +3,8 @@
 Each layer is a handful of kernels: fused QKV and gate/up matmuls, RoPE on Q and K together in
 place, and the residual adds folded into the output projections (``addmm``). On CPU in bf16 the
 projection weights are also kept pre-packed for oneDNN (``packed_linear``), which gives the same
-results faster.
+results faster, and RMSNorm and RoPE run as one C pass each (``native_ops``) where the C
+compiler is available.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch.nn.functional import rms_norm, silu
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
+from engine.model.native_ops import NativeOps, load_native_ops
 from engine.model.packed_linear import pack, project, project_add
 from engine.model.rope import RopeTables, rope_cos_sin, rope_inplace, signed_sin
 
@@ -26,9 +28,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.native: NativeOps | None = None  # see ``LlamaForCausalLM.use_native_ops``
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32, scale in the model dtype (as the reference implementation does).
+        if self.native is not None and x.dtype == torch.bfloat16:
+            return self.native.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             return rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = rms_norm(x.float(), self.weight.shape, None, self.eps)
@@ -50,6 +55,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.qkv_packed: torch.Tensor | None = None  # see ``LlamaForCausalLM.pack_weights``
         self.o_packed: torch.Tensor | None = None
+        self.native: NativeOps | None = None
 
     def forward(
         self,
@@ -64,7 +70,11 @@ class Attention(nn.Module):
         qkv = project(x, qkv_proj.weight, self.qkv_packed, qkv_proj.bias)  # [n, q + 2 * kv]
         qk_end = self.q_size + self.kv_size
         # Q and K heads side by side: one rotation for both, written back into ``qkv``.
-        rope_inplace(qkv[:, :qk_end].view(n, -1, d), rope)
+        qk = qkv[:, :qk_end].view(n, -1, d)
+        if self.native is not None and qk.dtype == torch.bfloat16:
+            self.native.rope(qk, rope.cos, rope.sin)
+        else:
+            rope_inplace(qk, rope)
         q = qkv[:, : self.q_size].view(n, self.num_heads, d)
         k = qkv[:, self.q_size : qk_end].view(n, self.num_kv_heads, d)
         v = qkv[:, qk_end:].view(n, self.num_kv_heads, d)
@@ -145,6 +155,14 @@ class LlamaForCausalLM(nn.Module):
         self.rope_sin = signed_sin(sin).to(weight.dtype)
         self.eval()
         self.pack_weights()
+        native = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+        self.use_native_ops(load_native_ops() if native else None)
+
+    def use_native_ops(self, ops: NativeOps | None) -> None:
+        """RMSNorm and RoPE through ``ops`` (bf16 on CPU), or through torch with None."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm | Attention):
+                module.native = ops
 
     def pack_weights(self) -> bool:
         """Keep a oneDNN-packed copy of every projection where that applies (bf16 on CPU);

@@ -1,0 +1,81 @@
+/* Two of the decoder layer's element-wise steps in bfloat16 on the CPU, each one pass over its
+ * rows instead of the three to seven torch kernels (and float32 copies) they take in eager mode.
+ * (SiLU * up stays in torch: its vectorised exp beat this file's.)
+ *
+ * Each rounds where the torch code in engine/model/llama.py and engine/model/rope.py rounds:
+ *   rms_norm:  h = bf16(x * 1/sqrt(mean(x^2) + eps)) in float32, out = bf16(weight * h)
+ *   rope:      a = bf16(x * cos), x = bf16(a + rotate_half(x) * signed_sin)
+ * Rows are spread over torch's OpenMP threads. Built by engine/attention/native.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_load(const uint16_t *p) {
+    uint32_t u = (uint32_t)(*p) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* nearest, ties to even */
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+static inline float bf16_round(float f) {
+    uint16_t h = bf16_from_f32(f);
+    return bf16_load(&h);
+}
+
+/* x [rows, hidden] rows ``x_stride`` elements apart -> out [rows, hidden] contiguous. */
+void atrium_rms_norm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *weight,
+                          uint16_t *out, int64_t rows, int64_t hidden, float eps,
+                          int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * x_stride;
+        uint16_t *o = out + r * hidden;
+        float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < hidden; i++) {
+            const float v = bf16_load(xr + i);
+            squares += v * v;
+        }
+        const float inv = 1.0f / sqrtf(squares / (float)hidden + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < hidden; i++)
+            o[i] = bf16_from_f32(bf16_load(weight + i) * bf16_round(bf16_load(xr + i) * inv));
+    }
+}
+
+/* In place: x [rows, heads, head_dim] (heads contiguous, rows ``x_stride`` apart); cos and
+ * sin [rows, head_dim] contiguous, sin's first half negated (rope.signed_sin). */
+void atrium_rope_bf16(uint16_t *x, int64_t x_stride, const uint16_t *cos, const uint16_t *sin,
+                      int64_t rows, int64_t heads, int64_t head_dim, int num_threads) {
+    const int64_t half = head_dim / 2;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *c = cos + r * head_dim;
+        const uint16_t *s = sin + r * head_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            uint16_t *xh = x + r * x_stride + h * head_dim;
+            float lo[256], hi[256];
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                lo[i] = bf16_load(xh + i);
+                hi[i] = bf16_load(xh + half + i);
+            }
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                const float a_lo = bf16_round(lo[i] * bf16_load(c + i));
+                const float a_hi = bf16_round(hi[i] * bf16_load(c + half + i));
+                xh[i] = bf16_from_f32(a_lo + hi[i] * bf16_load(s + i));
+                xh[half + i] = bf16_from_f32(a_hi + lo[i] * bf16_load(s + half + i));
+            }
+        }
+    }
+}
