@@ -1,109 +1,23 @@
-"""Native CPU kernels: C sources built with the system C compiler on first use, cached by the hash
-of source, compiler, flags and CPU, and called through ctypes (which releases the GIL). Here the
-decode-attention kernel (``cpu_decode.c``); ``engine/model/native_ops.py`` builds the layer's
-element-wise kernels the same way.
-
-Where no compiler is found or the build fails, the loaders return None and the callers keep
-their torch code. ``ATRIUM_NATIVE_KERNELS=0`` turns the kernel off;
-``ATRIUM_CACHE_DIR`` moves the build cache (default ``$XDG_CACHE_HOME/atrium`` or
-``~/.cache/atrium``).
+"""Bindings of the CPU decode-attention kernel (``engine/native/decode_attention.c``), built and
+loaded by ``engine/native/build.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
-import structlog
 import torch
 
-log = structlog.get_logger(__name__)
+from engine.native.build import FOLDER, try_load
 
-SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-shared", "-fPIC", "-std=c11")
-COMPILE_TIMEOUT_S = 120.0
+SOURCE = FOLDER / "decode_attention.c"
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 class NativeKernelError(RuntimeError):
     """The kernel could not run (it could not allocate its work buffers)."""
-
-
-def native_enabled() -> bool:
-    return os.environ.get("ATRIUM_NATIVE_KERNELS", "1").strip().lower() not in {
-        "0",
-        "false",
-        "off",
-        "no",
-    }
-
-
-def _cache_dir() -> Path:
-    explicit = os.environ.get("ATRIUM_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "atrium"
-
-
-def _cpu_flags() -> str:
-    """What ``-march=native`` depends on: the CPU's feature flags (Linux), else the machine."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def build_library(cache_dir: Path | None = None, source: Path = SOURCE) -> Path:
-    """Compile ``source`` unless a build for it, this compiler and this CPU is cached."""
-    compiler = _compiler()
-    if compiler is None:
-        raise FileNotFoundError("no C compiler (cc or gcc) on PATH; set CC")
-    version = subprocess.run(
-        [compiler, "--version"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=COMPILE_TIMEOUT_S,
-    ).stdout
-    digest = hashlib.sha256()
-    for part in (source.read_bytes(), version.encode(), " ".join(FLAGS).encode()):
-        digest.update(part)
-    digest.update(_cpu_flags().encode())
-    folder = cache_dir or _cache_dir()
-    target = folder / f"{source.stem}-{digest.hexdigest()[:16]}.so"
-    if target.is_file():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent builders never see a half-written file.
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        built = Path(tmp) / target.name
-        result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(source), "-lm"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=COMPILE_TIMEOUT_S,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
-        os.replace(built, target)
-    return target
 
 
 class DecodeKernel:
@@ -184,30 +98,9 @@ class DecodeKernel:
         return out
 
 
-def try_build(source: Path, cache_dir: Path | None = None) -> Path | None:
-    """:func:`build_library`, or None (logged) where native kernels are off or cannot be built."""
-    if not native_enabled():
-        return None
-    started = time.perf_counter()
-    try:
-        library = build_library(cache_dir, source)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("native_kernel_unavailable", source=source.name, error=str(exc)[:500])
-        return None
-    log.debug("native_kernel_ready", library=str(library), seconds=time.perf_counter() - started)
-    return library
-
-
 def try_load_decode_kernel(cache_dir: Path | None = None) -> DecodeKernel | None:
     """The decode kernel, or None where it is turned off or cannot be built or loaded."""
-    library = try_build(SOURCE, cache_dir)
-    if library is None:
-        return None
-    try:
-        return DecodeKernel(library)
-    except (OSError, AttributeError) as exc:
-        log.warning("native_kernel_unavailable", source=SOURCE.name, error=str(exc)[:500])
-        return None
+    return try_load(SOURCE, DecodeKernel, cache_dir)
 
 
 @functools.cache

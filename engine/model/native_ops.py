@@ -1,6 +1,6 @@
-"""Two of the decoder layer's element-wise steps in one C pass each (``cpu_ops.c``), for bfloat16
-on the CPU: RMSNorm and RoPE in place. Built and cached like the decode kernel
-(``engine/attention/native.py``); where that is not possible the model keeps its torch code.
+"""Bindings of two of the decoder layer's element-wise steps in one C pass each
+(``engine/native/layer_ops.c``), for bfloat16 on the CPU: RMSNorm and RoPE in place. Built and
+loaded by ``engine/native/build.py``; where that is not possible the model keeps its torch code.
 """
 
 from __future__ import annotations
@@ -9,14 +9,11 @@ import ctypes
 import functools
 from pathlib import Path
 
-import structlog
 import torch
 
-from engine.attention.native import try_build
+from engine.native.build import FOLDER, try_load
 
-log = structlog.get_logger(__name__)
-
-SOURCE = Path(__file__).with_name("cpu_ops.c")
+SOURCE = FOLDER / "layer_ops.c"
 MAX_HEAD_DIM = 512  # rope keeps half a head in two stack arrays of 256 floats
 
 
@@ -27,7 +24,7 @@ def _bf16_rows(t: torch.Tensor, what: str) -> None:
 
 
 class NativeOps:
-    """ctypes bindings of ``cpu_ops.c``."""
+    """ctypes bindings of ``layer_ops.c``."""
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
@@ -84,14 +81,7 @@ class NativeOps:
 
 
 def try_load_native_ops(cache_dir: Path | None = None) -> NativeOps | None:
-    library = try_build(SOURCE, cache_dir)
-    if library is None:
-        return None
-    try:
-        return NativeOps(library)
-    except (OSError, AttributeError) as exc:
-        log.warning("native_kernel_unavailable", source=SOURCE.name, error=str(exc)[:500])
-        return None
+    return try_load(SOURCE, NativeOps, cache_dir)
 
 
 @functools.cache

@@ -8,13 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.attention import native
 from engine.attention.backend import allocate_kv_caches
 from engine.attention.metadata import SeqSlice, build_attention_metadata
-from engine.attention.native import DecodeKernel, build_library, load_decode_kernel
+from engine.attention.native import (
+    SOURCE,
+    DecodeKernel,
+    load_decode_kernel,
+    try_load_decode_kernel,
+)
 from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.config import ModelConfig
+from engine.native.build import build_library, native_enabled
 
 KERNEL = load_decode_kernel()
 needs_kernel = pytest.mark.skipif(
@@ -201,12 +206,18 @@ def test_the_cpu_backend_uses_the_kernel_where_it_applies() -> None:
 @pytest.mark.slow
 @needs_kernel
 def test_builds_once_per_source_and_reuses_the_cached_library(tmp_path: Path) -> None:
-    first = build_library(tmp_path)
+    stale = tmp_path / f"{SOURCE.stem}-0123456789abcdef.so"  # an older version's build
+    stale.write_bytes(b"")
+    other = tmp_path / "layer_ops-0123456789abcdef.so"  # another source's: kept
+    other.write_bytes(b"")
+    first = build_library(SOURCE, tmp_path)
+    assert not stale.exists() and other.exists()
+    other.unlink()
     stamp = first.stat().st_mtime_ns
-    assert build_library(tmp_path) == first
+    assert build_library(SOURCE, tmp_path) == first
     assert first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no build folder left behind
-    kernel = native.try_load_decode_kernel(tmp_path)
+    kernel = try_load_decode_kernel(tmp_path)
     assert kernel is not None and kernel.library == first
 
 
@@ -214,8 +225,8 @@ def test_no_compiler_or_switched_off_means_no_kernel(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    assert native.try_load_decode_kernel(tmp_path) is None
+    assert try_load_decode_kernel(tmp_path) is None
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv("ATRIUM_NATIVE_KERNELS", "0")
-    assert not native.native_enabled()
-    assert native.try_load_decode_kernel(tmp_path) is None
+    assert not native_enabled()
+    assert try_load_decode_kernel(tmp_path) is None

@@ -12,7 +12,7 @@
  * probabilities are rounded to bfloat16, and the output is accumulated in float32 and rounded
  * once. In float32 nothing is rounded in between.
  *
- * Built on first use by engine/attention/native.py (cc -O3 -march=native -fopenmp); the OpenMP
+ * Built on first use by engine/native/build.py (cc -O3 -march=native -fopenmp); the OpenMP
  * runtime is the one torch has already loaded, so the kernel shares torch's threads.
  */
 #include <math.h>
@@ -20,28 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define ATRIUM_DTYPE_FLOAT32 0
 #define ATRIUM_DTYPE_BFLOAT16 1
-
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t u = (uint32_t)(*p) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t bf16_from_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* nearest, ties to even */
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-static inline float bf16_round(float f) {
-    uint16_t h = bf16_from_f32(f);
-    return bf16_load(&h);
-}
 
 /* exp for softmax arguments (x <= 0): Cody-Waite range reduction and a degree-6 polynomial,
  * within 2 ulp of expf over the range, written so that the compiler vectorises it. */

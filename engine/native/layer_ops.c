@@ -5,31 +5,13 @@
  * Each rounds where the torch code in engine/model/llama.py and engine/model/rope.py rounds:
  *   rms_norm:  h = bf16(x * 1/sqrt(mean(x^2) + eps)) in float32, out = bf16(weight * h)
  *   rope:      a = bf16(x * cos), x = bf16(a + rotate_half(x) * signed_sin)
- * Rows are spread over torch's OpenMP threads. Built by engine/attention/native.py.
+ * Rows are spread over torch's OpenMP threads. Built by engine/native/build.py.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t u = (uint32_t)(*p) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t bf16_from_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* nearest, ties to even */
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-static inline float bf16_round(float f) {
-    uint16_t h = bf16_from_f32(f);
-    return bf16_load(&h);
-}
+#include "bf16.h"
 
 /* x [rows, hidden] rows ``x_stride`` elements apart -> out [rows, hidden] contiguous. */
 void atrium_rms_norm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *weight,

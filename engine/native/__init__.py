@@ -1,0 +1,1 @@
+"""C kernels for the CPU, built on first use (see ``build``)."""

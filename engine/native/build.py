@@ -1,0 +1,136 @@
+"""Native CPU kernels: the C sources in this folder are built with the system C compiler on first
+use, cached by the hash of sources, compiler, flags and CPU, and bound through ctypes (whose calls
+release the GIL). ``engine/attention/native.py`` binds the decode-attention kernel,
+``engine/model/native_ops.py`` the layer's element-wise ones.
+
+Where no compiler is found or a build fails, the loaders return None (logged) and the callers
+keep their torch code. ``ATRIUM_NATIVE_KERNELS=0`` turns them all off; ``ATRIUM_CACHE_DIR`` moves
+the build cache (default ``$XDG_CACHE_HOME/atrium`` or ``~/.cache/atrium``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+FOLDER = Path(__file__).parent
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-shared", "-fPIC", "-std=c11")
+COMPILE_TIMEOUT_S = 120.0
+
+T = TypeVar("T")
+
+
+def native_enabled() -> bool:
+    return os.environ.get("ATRIUM_NATIVE_KERNELS", "1").strip().lower() not in {
+        "0",
+        "false",
+        "off",
+        "no",
+    }
+
+
+def _cache_dir() -> Path:
+    explicit = os.environ.get("ATRIUM_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "atrium"
+
+
+def _cpu_flags() -> str:
+    """What ``-march=native`` depends on: the CPU's feature flags (Linux), else the machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build_library(source: Path, cache_dir: Path | None = None) -> Path:
+    """Compile ``source`` unless a build for it (and the headers beside it), this compiler and
+    this CPU is cached."""
+    compiler = _compiler()
+    if compiler is None:
+        raise FileNotFoundError("no C compiler (cc or gcc) on PATH; set CC")
+    version = subprocess.run(
+        [compiler, "--version"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=COMPILE_TIMEOUT_S,
+    ).stdout
+    digest = hashlib.sha256()
+    headers = sorted(source.parent.glob("*.h"))
+    for part in (source.read_bytes(), *(h.read_bytes() for h in headers)):
+        digest.update(part)
+    digest.update(version.encode())
+    digest.update(" ".join(FLAGS).encode())
+    digest.update(_cpu_flags().encode())
+    folder = cache_dir or _cache_dir()
+    target = folder / f"{source.stem}-{digest.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent builders never see a half-written file.
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run(
+            [compiler, *FLAGS, f"-I{source.parent}", "-o", str(built), str(source), "-lm"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(built, target)
+    # Builds of older versions of this source (or of another CPU) are not used again.
+    for stale in folder.glob(f"{source.stem}-*.so"):
+        if stale != target:
+            stale.unlink(missing_ok=True)
+    return target
+
+
+def try_build(source: Path, cache_dir: Path | None = None) -> Path | None:
+    """:func:`build_library`, or None (logged) where native kernels are off or cannot be built."""
+    if not native_enabled():
+        return None
+    started = time.perf_counter()
+    try:
+        library = build_library(source, cache_dir)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("native_kernel_unavailable", source=source.name, error=str(exc)[:500])
+        return None
+    log.debug("native_kernel_ready", library=str(library), seconds=time.perf_counter() - started)
+    return library
+
+
+def try_load(source: Path, bind: Callable[[Path], T], cache_dir: Path | None = None) -> T | None:
+    """``bind`` (ctypes bindings) over the built ``source``, or None (logged) where native
+    kernels are off or ``source`` cannot be built or loaded."""
+    library = try_build(source, cache_dir)
+    if library is None:
+        return None
+    try:
+        return bind(library)
+    except (OSError, AttributeError) as exc:
+        log.warning("native_kernel_unavailable", source=source.name, error=str(exc)[:500])
+        return None
