@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import structlog
+
+from web.logging import stderr_now
 
 DEFAULT_OUT_DIR = Path("bench/out")
 
@@ -19,7 +20,7 @@ def quiet_logging() -> None:
     """Only warnings and errors from the engine; library chatter off (benchmarks print JSON)."""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stderr_now()),
     )
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)

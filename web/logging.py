@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
-from typing import TextIO
+from typing import TextIO, cast
 
 import structlog
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+
+class StderrNow(io.TextIOBase):
+    """Whatever ``sys.stderr`` is at each write, not what it was when logging was configured
+    (test runners and tools swap it, and a swapped-out stream may be closed by then)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def stderr_now() -> TextIO:
+    return cast(TextIO, StderrNow())
 
 
 def configure_logging(level: str = "info", stream: TextIO | None = None) -> None:
@@ -22,6 +38,6 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream or stderr_now()),
         cache_logger_on_first_use=True,
     )
