@@ -111,6 +111,12 @@ class FairSharePolicy(AdmissionPolicy):
         # Preempted work resumes before anything new of its tenant.
         self._push(request, float("-inf"))
 
+    def defer(self, request: Request) -> None:
+        # It never stopped waiting: its tenant stays backlogged (no lift as if back from idle).
+        self._tenant(request)
+        self._backlogged.add(request.tenant_id)
+        self._push(request, float("-inf"))
+
     def _push(self, request: Request, priority: float) -> None:
         tenant = self._tenant(request)
         if request.tenant_id not in self._backlogged:

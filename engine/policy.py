@@ -36,6 +36,11 @@ class AdmissionPolicy(ABC):
     def requeue_front(self, request: Request) -> None:
         """Put back a preempted request so it is admitted before newer work."""
 
+    def defer(self, request: Request) -> None:
+        """Put back a request just taken with ``pop`` that cannot start this step (its prefix is
+        being computed), ahead of its tenant's newer work, as if it had never left the queue."""
+        self.requeue_front(request)
+
     @abstractmethod
     def __len__(self) -> int: ...
 

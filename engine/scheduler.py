@@ -175,6 +175,7 @@ class Scheduler:
         ``before`` (a running prefill), only those that come ahead of it: a lower service key,
         or an equal one of another tenant (a tenant back from idle is lifted to the counter of
         the tenant that kept the engine busy, and must not queue behind that tenant's chunks)."""
+        deferred: list[Request] = []
         while budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.policy.peek()
             if request is None:
@@ -186,7 +187,10 @@ class Scheduler:
                 request.namespace, request.all_token_ids[:-1], request.allow_public_prefix
             )
             if self._follows_inflight_prefill(request, match.num_tokens):
-                break  # its prefix is being computed right now: reuse it next step(s)
+                # Its prefix is being computed right now: it reuses it in a later step, and the
+                # requests behind it (other prefixes) are not held up meanwhile.
+                deferred.append(self.policy.pop())
+                continue
             self.cache.lock(match.node)
             request.block_table = list(match.page_ids)
             request.num_tree_pages = len(match.page_ids)
@@ -214,6 +218,8 @@ class Scheduler:
             budget -= num_new
             num_cached = request.num_cached_tokens if first_admission else 0
             self.policy.charge(request, num_new, num_cached, 0)
+        for request in reversed(deferred):
+            self.policy.defer(request)
         return budget
 
     def _comes_before(self, waiting: Request, running: Request) -> bool:

@@ -393,6 +393,29 @@ def test_admission_reuses_a_cached_prefix_of_the_same_tenant_only() -> None:
     sim.assert_no_leaks()
 
 
+@pytest.mark.parametrize("policy", [FifoPolicy, FairSharePolicy])
+def test_a_request_waiting_for_an_inflight_prefix_does_not_hold_up_the_queue(
+    policy: type[AdmissionPolicy],
+) -> None:
+    cache = make_cache(True, 64, 4)
+    sim = Simulation(cache, budget=12, max_num_seqs=4, policy=policy())
+    long_prompt = list(range(10, 30))  # 20 tokens: two steps at 12 a step
+    first = sim.add("a1", long_prompt, max_tokens=1, tenant="a")
+    sim.step()
+    same_prefix = sim.add("a2", [*long_prompt, 7], max_tokens=1, tenant="a")
+    other = sim.add("a3", list(range(40, 44)), max_tokens=1, tenant="a")
+    out = sim.step()
+    chunks = {s.request.request_id: s.num_new_tokens for s in out.seqs}
+    # a2 waits for a1's pages rather than computing them again; a3 starts at once.
+    assert chunks == {"a1": 8, "a3": 4}
+    assert same_prefix.status is RequestStatus.WAITING
+    assert other.is_finished  # its whole prompt ran, and its one token was sampled
+    sim.run()
+    assert first.is_finished and same_prefix.is_finished
+    assert same_prefix.num_cached_tokens == 20  # every full page of a1's prompt was reused
+    sim.assert_no_leaks()
+
+
 def test_abort_of_waiting_and_running_requests_returns_pages() -> None:
     sim = Simulation(make_cache(False, 8, 4), budget=8, max_num_seqs=1)
     running = sim.add("run", list(range(10)), max_tokens=5)
