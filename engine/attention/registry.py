@@ -46,7 +46,7 @@ class BackendSpec:
 
 
 def _build_torch(spec: BackendSpec) -> AttentionBackend:
-    from engine.attention.native import DecodeKernel, load_decode_kernel
+    from engine.attention.native_decode import DecodeKernel, load_decode_kernel
     from engine.attention.torch_backend import TorchAttentionBackend
 
     kernel = None

@@ -1,5 +1,5 @@
 """Paged attention on the CPU: decodes through the native kernel that reads the paged cache in
-place (``native.py``), or, where it is not built, batched in one padded torch matmul; prefill
+place (``native_decode.py``), or, where it is not built, batched in one padded torch matmul; prefill
 chunks through torch's SDPA.
 
 It reads exactly the shared CSR page table. Everything that depends only on the step (slot
@@ -16,7 +16,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.native import DecodeKernel
+from engine.attention.native_decode import DecodeKernel
 from engine.attention.shared_prefix import group_shared_prefixes
 
 
@@ -79,10 +79,10 @@ class _Cascade:
 
 @dataclass(slots=True)
 class _PageTables:
-    """The decodes' own CSR page table, for the native kernel."""
+    """Where the native kernel finds each decode's pages in the step's CSR table."""
 
-    pages: torch.Tensor  # [total_pages] int32
-    indptr: torch.Tensor  # [num_decodes + 1] int32
+    pages: torch.Tensor  # [total_pages] int32: the step's ``kv_indices``
+    starts: torch.Tensor  # [num_decodes] int32: each decode's first entry in ``pages``
     kv_lens: torch.Tensor  # [num_decodes] int32
 
     def to(self, device: torch.device) -> _PageTables:
@@ -223,7 +223,7 @@ class TorchAttentionBackend(AttentionBackend):
         decodes = plan.decodes
         if isinstance(decodes, _PageTables):
             assert self._kernel is not None
-            return self._kernel(q, kv_cache, decodes.pages, decodes.indptr, decodes.kv_lens)
+            return self._kernel(q, kv_cache, decodes.pages, decodes.starts, decodes.kv_lens)
         num_seqs, num_heads, head_dim = q.shape
         num_kv_heads = kv_cache.shape[-2]
         group = num_heads // num_kv_heads
@@ -266,16 +266,10 @@ class TorchAttentionBackend(AttentionBackend):
 def _decode_page_tables(
     meta: AttentionMetadata, decode_seqs: list[int], kv_indptr: list[int]
 ) -> _PageTables:
-    """The decodes' rows of the step's CSR table (the whole table when every row decodes)."""
-    if len(decode_seqs) == meta.num_seqs:
-        pages, indptr = meta.kv_indices, meta.kv_indptr
-    else:
-        parts = [meta.kv_indices[kv_indptr[i] : kv_indptr[i + 1]] for i in decode_seqs]
-        pages = torch.cat(parts)
-        counts = torch.tensor([0] + [kv_indptr[i + 1] - kv_indptr[i] for i in decode_seqs])
-        indptr = counts.cumsum(0).to(torch.int32)
+    """The decodes' tables, read in place from the step's ``kv_indices``."""
+    starts = torch.tensor([kv_indptr[i] for i in decode_seqs], dtype=torch.int32)
     kv_lens = torch.tensor([meta.kv_lens[i] for i in decode_seqs], dtype=torch.int32)
-    return _PageTables(pages.cpu().contiguous(), indptr.cpu().contiguous(), kv_lens)
+    return _PageTables(meta.kv_indices.contiguous(), starts, kv_lens)
 
 
 # A cascade costs a dozen more small kernels per layer; it pays off once it spares reading

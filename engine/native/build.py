@@ -1,6 +1,6 @@
 """Native CPU kernels: the C sources in this folder are built with the system C compiler on first
 use, cached by the hash of sources, compiler, flags and CPU, and bound through ctypes (whose calls
-release the GIL). ``engine/attention/native.py`` binds the decode-attention kernel,
+release the GIL). ``engine/attention/native_decode.py`` binds the decode-attention kernel,
 ``engine/model/native_ops.py`` the layer's element-wise ones.
 
 Where no compiler is found or a build fails, the loaders return None (logged) and the callers
@@ -109,28 +109,17 @@ def build_library(source: Path, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def try_build(source: Path, cache_dir: Path | None = None) -> Path | None:
-    """:func:`build_library`, or None (logged) where native kernels are off or cannot be built."""
+def try_load(source: Path, bind: Callable[[Path], T], cache_dir: Path | None = None) -> T | None:
+    """``bind`` (ctypes bindings) over the built ``source``, or None (logged) where native
+    kernels are off or ``source`` cannot be built or loaded."""
     if not native_enabled():
         return None
     started = time.perf_counter()
     try:
         library = build_library(source, cache_dir)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        bound = bind(library)
+    except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native_kernel_unavailable", source=source.name, error=str(exc)[:500])
         return None
     log.debug("native_kernel_ready", library=str(library), seconds=time.perf_counter() - started)
-    return library
-
-
-def try_load(source: Path, bind: Callable[[Path], T], cache_dir: Path | None = None) -> T | None:
-    """``bind`` (ctypes bindings) over the built ``source``, or None (logged) where native
-    kernels are off or ``source`` cannot be built or loaded."""
-    library = try_build(source, cache_dir)
-    if library is None:
-        return None
-    try:
-        return bind(library)
-    except (OSError, AttributeError) as exc:
-        log.warning("native_kernel_unavailable", source=source.name, error=str(exc)[:500])
-        return None
+    return bound

@@ -176,8 +176,8 @@ int atrium_decode_attention(
     int64_t q_row_stride, /* elements between consecutive decodes' query rows */
     const void *cache,    /* one layer's cache, layout above */
     void *out,            /* [num_decodes, num_heads, head_dim], contiguous */
-    const int32_t *pages, /* page ids, decode after decode */
-    const int32_t *page_indptr, /* [num_decodes + 1] offsets into ``pages`` */
+    const int32_t *pages, /* page ids: the step's block tables, one after another */
+    const int32_t *page_starts, /* [num_decodes] where each decode's table starts in ``pages`` */
     const int32_t *kv_lens,     /* [num_decodes] tokens each decode attends to (>= 1) */
     int num_decodes, int num_heads, int num_kv_heads, int head_dim, int page_size, float scale,
     int dtype, int num_threads) {
@@ -211,7 +211,7 @@ int atrium_decode_attention(
             }
             const void *q_seq = (const char *)q + (size_t)seq * (size_t)q_row_stride * elem;
             void *out_seq = (char *)out + (size_t)seq * (size_t)num_heads * head_dim * elem;
-            const int32_t *table = pages + page_indptr[seq];
+            const int32_t *table = pages + page_starts[seq];
             /* Constant dtype, head size and group size for the common models, so each call
              * below is specialised; anything else runs the same code with runtime sizes. */
 #define ATTEND(GG, D, BF) \

@@ -10,7 +10,7 @@ import torch
 
 from engine.attention.backend import allocate_kv_caches
 from engine.attention.metadata import SeqSlice, build_attention_metadata
-from engine.attention.native import (
+from engine.attention.native_decode import (
     SOURCE,
     DecodeKernel,
     load_decode_kernel,
@@ -60,13 +60,14 @@ def filled_cache(
 
 
 def csr(tables: list[list[int]], kv_lens: list[int]) -> tuple[torch.Tensor, ...]:
-    indptr = [0]
-    for table in tables:
-        indptr.append(indptr[-1] + len(table))
+    """The kernel's page arguments: the tables one after another, where each starts, lengths."""
+    starts = [0]
+    for table in tables[:-1]:
+        starts.append(starts[-1] + len(table))
     flat = [p for table in tables for p in table]
     return (
         torch.tensor(flat, dtype=torch.int32),
-        torch.tensor(indptr, dtype=torch.int32),
+        torch.tensor(starts, dtype=torch.int32),
         torch.tensor(kv_lens, dtype=torch.int32),
     )
 

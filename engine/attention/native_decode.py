@@ -49,8 +49,8 @@ class DecodeKernel:
         self,
         q: torch.Tensor,  # [num_decodes, num_heads, head_dim], rows any stride apart
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
-        pages: torch.Tensor,  # [total_pages] int32, decode after decode
-        page_indptr: torch.Tensor,  # [num_decodes + 1] int32
+        pages: torch.Tensor,  # [total_pages] int32: block tables, one after another
+        page_starts: torch.Tensor,  # [num_decodes] int32: where each decode's table starts
         kv_lens: torch.Tensor,  # [num_decodes] int32
     ) -> torch.Tensor:  # [num_decodes, num_heads, head_dim]
         num_decodes, num_heads, head_dim = q.shape
@@ -70,7 +70,7 @@ class DecodeKernel:
                 f"decode kernel: unsupported q {tuple(q.shape)} {q.dtype} stride {q.stride()} "
                 f"or cache {tuple(kv_cache.shape)} {kv_cache.dtype}"
             )
-        for table in (pages, page_indptr, kv_lens):
+        for table in (pages, page_starts, kv_lens):
             if table.dtype != torch.int32 or not table.is_contiguous():
                 raise ValueError("decode kernel: page tables must be contiguous int32")
         out = q.new_empty((num_decodes, num_heads, head_dim))
@@ -80,7 +80,7 @@ class DecodeKernel:
             kv_cache.data_ptr(),
             out.data_ptr(),
             pages.data_ptr(),
-            page_indptr.data_ptr(),
+            page_starts.data_ptr(),
             kv_lens.data_ptr(),
             num_decodes,
             num_heads,
