@@ -46,15 +46,18 @@ class BackendSpec:
 
 
 def _build_torch(spec: BackendSpec) -> AttentionBackend:
-    from engine.attention.native_decode import DecodeKernel, load_decode_kernel
+    from engine.attention.native_attention import (
+        kernels_support,
+        load_chunk_kernel,
+        load_decode_kernel,
+    )
     from engine.attention.torch_backend import TorchAttentionBackend
 
-    kernel = None
-    if spec.device.type == "cpu" and DecodeKernel.supports(
+    if spec.device.type == "cpu" and kernels_support(
         spec.dtype, spec.num_q_heads, spec.num_kv_heads, spec.head_dim
     ):
-        kernel = load_decode_kernel()
-    return TorchAttentionBackend(kernel)
+        return TorchAttentionBackend(load_decode_kernel(), load_chunk_kernel())
+    return TorchAttentionBackend()
 
 
 def _build_flashinfer(spec: BackendSpec) -> AttentionBackend:

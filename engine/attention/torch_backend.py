@@ -1,6 +1,6 @@
-"""Paged attention on the CPU: decodes through the native kernel that reads the paged cache in
-place (``native_decode.py``), or, where it is not built, batched in one padded torch matmul; prefill
-chunks through torch's SDPA.
+"""Paged attention on the CPU: decodes and prefill chunks through the native kernels that read
+the paged cache in place (``native_attention.py``), or, where they are not built, decodes batched
+in one padded torch matmul and prefill chunks through torch's SDPA.
 
 It reads exactly the shared CSR page table. Everything that depends only on the step (slot
 indices, decode page tables or gather index and mask, each chunk's causal mask) is built once in
@@ -16,7 +16,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.native_decode import DecodeKernel
+from engine.attention.native_attention import ChunkKernel, DecodeKernel
 from engine.attention.shared_prefix import group_shared_prefixes
 
 
@@ -92,6 +92,17 @@ class _PageTables:
 
 
 @dataclass(slots=True)
+class _ChunkTables:
+    """Where the native chunk kernel finds each prefill chunk's rows and pages."""
+
+    pages: torch.Tensor  # [total_pages] int32: the step's ``kv_indices``
+    q_starts: torch.Tensor  # [num_chunks] int32: each chunk's first row of the batch
+    q_lens: torch.Tensor  # [num_chunks] int32
+    page_starts: torch.Tensor  # [num_chunks] int32: each chunk's first entry in ``pages``
+    kv_lens: torch.Tensor  # [num_chunks] int32
+
+
+@dataclass(slots=True)
 class _Plan:
     page_size: int
     write_rows: torch.Tensor  # [num_tokens] int64 flat-cache rows of the new tokens' K
@@ -99,7 +110,8 @@ class _Plan:
     decode_rows: torch.Tensor  # [num_decodes] int64 rows of the batch that are decodes
     # Each decode's pages (native kernel), whole history padded, or split by shared prefix.
     decodes: _PageTables | _Keys | _Cascade | None
-    chunks: list[_Chunk]
+    chunks: list[_Chunk]  # prefill chunks for SDPA (none when the chunk kernel takes them)
+    chunk_tables: _ChunkTables | None = None  # prefill chunks for the native chunk kernel
 
 
 def _head_rows(k_rows: torch.Tensor, page_size: int, num_kv_heads: int) -> torch.Tensor:
@@ -118,13 +130,20 @@ class TorchAttentionBackend(AttentionBackend):
 
     name = "torch"
 
-    def __init__(self, decode_kernel: DecodeKernel | None = None) -> None:
+    def __init__(
+        self, decode_kernel: DecodeKernel | None = None, chunk_kernel: ChunkKernel | None = None
+    ) -> None:
         self._plan: _Plan | None = None
         self._kernel = decode_kernel
+        self._chunk_kernel = chunk_kernel
 
     @property
     def native_decode(self) -> bool:
         return self._kernel is not None
+
+    @property
+    def native_chunks(self) -> bool:
+        return self._chunk_kernel is not None
 
     def plan(self, meta: AttentionMetadata) -> None:
         ps = meta.page_size
@@ -137,11 +156,12 @@ class TorchAttentionBackend(AttentionBackend):
         kv_indptr = meta.kv_indptr.tolist()
         pages = meta.kv_indices.to(torch.int64)
         decode_seqs = [i for i, n in enumerate(meta.qo_lens) if n == 1]
-        chunks = [
-            self._plan_chunk(meta, i, qo_indptr, kv_indptr, pages)
-            for i, n in enumerate(meta.qo_lens)
-            if n > 1
-        ]
+        chunk_seqs = [i for i, n in enumerate(meta.qo_lens) if n > 1]
+        chunk_tables = None
+        if chunk_seqs and self._chunk_kernel is not None:
+            chunk_tables = _chunk_tables(meta, chunk_seqs, qo_indptr, kv_indptr)
+            chunk_seqs = []
+        chunks = [self._plan_chunk(meta, i, qo_indptr, kv_indptr, pages) for i in chunk_seqs]
         decode_rows = torch.tensor([qo_indptr[i] for i in decode_seqs], dtype=torch.int64)
         decodes: _PageTables | _Keys | _Cascade | None = None
         if decode_seqs and self._kernel is not None:
@@ -160,6 +180,7 @@ class TorchAttentionBackend(AttentionBackend):
             decode_rows=decode_rows.to(device),
             decodes=None if decodes is None else decodes.to(device),
             chunks=chunks,
+            chunk_tables=chunk_tables,
         )
 
     @staticmethod
@@ -197,11 +218,24 @@ class TorchAttentionBackend(AttentionBackend):
         flat = kv_cache.view(-1, num_kv_heads, head_dim)  # [num_pages * 2 * page_size, kvh, d]
         flat.index_copy_(0, plan.write_rows, k)
         flat.index_copy_(0, plan.write_v_rows, v)
-        if not plan.chunks:  # a pure decode step: every row is a decode, in order
+        tables = plan.chunk_tables
+        if not plan.chunks and tables is None:  # a pure decode step: every row a decode, in order
             return self._decode(q, kv_cache, plan)
         out = q.new_empty(q.shape)  # contiguous even when ``q`` is a strided view
         if plan.decode_rows.numel():
             out[plan.decode_rows] = self._decode(q[plan.decode_rows], kv_cache, plan)
+        if tables is not None:
+            assert self._chunk_kernel is not None
+            self._chunk_kernel(
+                q,
+                kv_cache,
+                out,
+                tables.pages,
+                tables.q_starts,
+                tables.q_lens,
+                tables.page_starts,
+                tables.kv_lens,
+            )
         for chunk in plan.chunks:
             qs = q[chunk.q_start : chunk.q_end]
             if chunk.fresh:
@@ -261,6 +295,25 @@ class TorchAttentionBackend(AttentionBackend):
         out_s = torch.matmul(probs_s, ks[1])  # [slots, kv_heads, group, dim]
         out = out_p.float().add_(out_s.float())[decodes.slots]
         return out.to(q.dtype).view(num_seqs, num_heads, head_dim)
+
+
+def _chunk_tables(
+    meta: AttentionMetadata, chunk_seqs: list[int], qo_indptr: list[int], kv_indptr: list[int]
+) -> _ChunkTables:
+    """The prefill chunks' rows and tables, read in place from the step's ``kv_indices``."""
+
+    def column(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32)
+
+    if meta.slot_mapping.device.type != "cpu":
+        raise ValueError(f"the native chunk kernel runs on the CPU, not {meta.slot_mapping.device}")
+    return _ChunkTables(
+        meta.kv_indices.contiguous(),
+        column([qo_indptr[i] for i in chunk_seqs]),
+        column([meta.qo_lens[i] for i in chunk_seqs]),
+        column([kv_indptr[i] for i in chunk_seqs]),
+        column([meta.kv_lens[i] for i in chunk_seqs]),
+    )
 
 
 def _decode_page_tables(

@@ -1,6 +1,6 @@
 """Native CPU kernels: the C sources in this folder are built with the system C compiler on first
 use, cached by the hash of sources, compiler, flags and CPU, and bound through ctypes (whose calls
-release the GIL). ``engine/attention/native_decode.py`` binds the decode-attention kernel,
+release the GIL). ``engine/attention/native_attention.py`` binds the attention kernels,
 ``engine/model/native_ops.py`` the layer's element-wise ones.
 
 Where no compiler is found or a build fails, the loaders return None (logged) and the callers

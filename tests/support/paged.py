@@ -1,7 +1,9 @@
-"""Run our model step by step over a paged KV cache, the way the engine does."""
+"""Run our model step by step over a paged KV cache, the way the engine does; fill a paged cache
+with known K/V for the attention kernels' tests."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,3 +66,39 @@ class PagedRunner:
             seq.num_computed += n
             seq.logits.append(row)
         return logits
+
+
+def filled_cache(
+    kv_lens: list[int], page_size: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
+    """A cache holding each sequence's K/V in shuffled pages; returns the tables and K/V."""
+    rng = random.Random(seed)
+    num_pages = sum(-(-n // page_size) for n in kv_lens) + 1
+    pages = list(range(num_pages))
+    rng.shuffle(pages)
+    cache = allocate_kv_caches(1, num_pages, page_size, kv_heads, dim, dtype)[0]
+    tables, keys, values = [], [], []
+    for n in kv_lens:
+        table = [pages.pop() for _ in range(-(-n // page_size))]
+        k = torch.randn(n, kv_heads, dim).to(dtype)
+        v = torch.randn(n, kv_heads, dim).to(dtype)
+        for pos in range(n):
+            cache[table[pos // page_size], 0, pos % page_size] = k[pos]
+            cache[table[pos // page_size], 1, pos % page_size] = v[pos]
+        tables.append(table)
+        keys.append(k)
+        values.append(v)
+    return cache, tables, keys, values
+
+
+def csr(tables: list[list[int]], kv_lens: list[int]) -> tuple[torch.Tensor, ...]:
+    """The kernel's page arguments: the tables one after another, where each starts, lengths."""
+    starts = [0]
+    for table in tables[:-1]:
+        starts.append(starts[-1] + len(table))
+    flat = [p for table in tables for p in table]
+    return (
+        torch.tensor(flat, dtype=torch.int32),
+        torch.tensor(starts, dtype=torch.int32),
+        torch.tensor(kv_lens, dtype=torch.int32),
+    )

@@ -113,8 +113,14 @@ def test_aborts_and_cancelled_consumers_free_their_pages(shared: ProcessEngine) 
         async for _ in stream:
             break
         await stream.aclose()
-        task = asyncio.create_task(collect(shared, request("cancelled", max_tokens=200)))
-        await wait_for(lambda: shared.stats().num_running == 1)
+        started = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in shared.generate(request("cancelled", max_tokens=200)):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(started.wait(), 20.0)  # running: cancel it mid-stream
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine.attention.backend import allocate_kv_caches
 from engine.attention.metadata import SeqSlice, build_attention_metadata
-from engine.attention.native_decode import (
-    SOURCE,
+from engine.attention.native_attention import (
+    DECODE_SOURCE,
     DecodeKernel,
     load_decode_kernel,
     try_load_decode_kernel,
@@ -20,6 +18,7 @@ from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.config import ModelConfig
 from engine.native.build import build_library, native_enabled
+from tests.support.paged import csr, filled_cache
 
 KERNEL = load_decode_kernel()
 needs_kernel = pytest.mark.skipif(
@@ -34,42 +33,6 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     v = v.double().repeat_interleave(group, 1)
     scores = torch.einsum("hd,khd->hk", q.double(), k) / q.shape[-1] ** 0.5
     return torch.einsum("hk,khd->hd", scores.softmax(-1), v)
-
-
-def filled_cache(
-    kv_lens: list[int], page_size: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int
-) -> tuple[torch.Tensor, list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
-    """A cache holding each sequence's K/V in shuffled pages; returns the tables and K/V."""
-    rng = random.Random(seed)
-    num_pages = sum(-(-n // page_size) for n in kv_lens) + 1
-    pages = list(range(num_pages))
-    rng.shuffle(pages)
-    cache = allocate_kv_caches(1, num_pages, page_size, kv_heads, dim, dtype)[0]
-    tables, keys, values = [], [], []
-    for n in kv_lens:
-        table = [pages.pop() for _ in range(-(-n // page_size))]
-        k = torch.randn(n, kv_heads, dim).to(dtype)
-        v = torch.randn(n, kv_heads, dim).to(dtype)
-        for pos in range(n):
-            cache[table[pos // page_size], 0, pos % page_size] = k[pos]
-            cache[table[pos // page_size], 1, pos % page_size] = v[pos]
-        tables.append(table)
-        keys.append(k)
-        values.append(v)
-    return cache, tables, keys, values
-
-
-def csr(tables: list[list[int]], kv_lens: list[int]) -> tuple[torch.Tensor, ...]:
-    """The kernel's page arguments: the tables one after another, where each starts, lengths."""
-    starts = [0]
-    for table in tables[:-1]:
-        starts.append(starts[-1] + len(table))
-    flat = [p for table in tables for p in table]
-    return (
-        torch.tensor(flat, dtype=torch.int32),
-        torch.tensor(starts, dtype=torch.int32),
-        torch.tensor(kv_lens, dtype=torch.int32),
-    )
 
 
 @needs_kernel
@@ -207,15 +170,15 @@ def test_the_cpu_backend_uses_the_kernel_where_it_applies() -> None:
 @pytest.mark.slow
 @needs_kernel
 def test_builds_once_per_source_and_reuses_the_cached_library(tmp_path: Path) -> None:
-    stale = tmp_path / f"{SOURCE.stem}-0123456789abcdef.so"  # an older version's build
+    stale = tmp_path / f"{DECODE_SOURCE.stem}-0123456789abcdef.so"  # an older version's build
     stale.write_bytes(b"")
     other = tmp_path / "layer_ops-0123456789abcdef.so"  # another source's: kept
     other.write_bytes(b"")
-    first = build_library(SOURCE, tmp_path)
+    first = build_library(DECODE_SOURCE, tmp_path)
     assert not stale.exists() and other.exists()
     other.unlink()
     stamp = first.stat().st_mtime_ns
-    assert build_library(SOURCE, tmp_path) == first
+    assert build_library(DECODE_SOURCE, tmp_path) == first
     assert first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no build folder left behind
     kernel = try_load_decode_kernel(tmp_path)

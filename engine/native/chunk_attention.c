@@ -1,0 +1,294 @@
+/* Prefill-chunk attention on the CPU, reading K and V from the paged cache where they lie.
+ *
+ * A chunk is a run of a sequence's new tokens (this step's K and V are already in the cache);
+ * query i of a chunk of ``qo_len`` tokens over ``kv_len`` cached ones sees keys 0 .. kv_len -
+ * qo_len + i. One work item is a tile of consecutive query positions of one chunk and one KV
+ * head: its rows (positions x the GQA group's query heads, up to ROWS of them) are the lanes of
+ * three sixteen-float vectors, so each key is scored against every row with broadcast
+ * multiply-adds, and the online softmax (running max and sum per row, as flash attention does)
+ * is elementwise over rows with no horizontal reductions. Keys go by in blocks of KB: widened to
+ * float32 once per block for all rows, the block's scores masked on the diagonal, softmaxed
+ * into the running sums, and their V added in. Blocks wholly past a tile's last query are never
+ * read.
+ *
+ * Layout, as in engine/attention/backend.py: a layer's cache is
+ * [num_pages, 2, page_size, num_kv_heads, head_dim], K at index 0 and V at index 1.
+ *
+ * Rounding follows torch's CPU flash attention (what the torch backend's SDPA calls run): in
+ * bfloat16 the scores stay float32, the exponentials are rounded to bfloat16 before they weight
+ * V (their sum is not), and the output is accumulated in float32, divided by the sum and
+ * rounded once. In float32 nothing is rounded in between.
+ *
+ * Built on first use by engine/native/build.py, like decode_attention.c.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "vec.h"
+
+#define ATRIUM_DTYPE_BFLOAT16 1
+
+#define ROWS 48 /* query rows (positions x group heads) of one item: NV vectors of 16 */
+#define NV (ROWS / 16)
+#define KB 16       /* keys per block */
+#define MAX_DIM 256 /* head_dim limit (a multiple of 16) */
+#define MAX_GROUP 16
+
+typedef struct {
+    const char *q;
+    int64_t q_row_stride; /* elements between consecutive tokens' query rows */
+    const char *cache;
+    char *out; /* [tokens, num_heads, head_dim] contiguous */
+    int num_heads;
+    int num_kv_heads;
+    int page_size;
+    int group;
+    float scale;
+} args_t;
+
+/* Per-thread scratch, in floats: Q and the output transposed (head_dim x ROWS), the key block
+ * and its V (KB x head_dim), the block's scores (KB x ROWS), running max, sum and rescale. */
+typedef struct {
+    float *qt, *ot, *kb, *vb, *s, *m, *l, *alpha;
+    int *lim;
+} scratch_t;
+
+static size_t scratch_floats(int head_dim) {
+    return (size_t)2 * head_dim * ROWS + (size_t)2 * KB * head_dim + (size_t)KB * ROWS +
+           4 * ROWS;
+}
+
+static void scratch_bind(scratch_t *w, float *base, int head_dim) {
+    w->qt = base;
+    w->ot = w->qt + (size_t)head_dim * ROWS;
+    w->kb = w->ot + (size_t)head_dim * ROWS;
+    w->vb = w->kb + (size_t)KB * head_dim;
+    w->s = w->vb + (size_t)KB * head_dim;
+    w->m = w->s + (size_t)KB * ROWS;
+    w->l = w->m + ROWS;
+    w->alpha = w->l + ROWS;
+    w->lim = (int *)(w->alpha + ROWS);
+}
+
+static inline vf16 vload(const float *p) {
+    vf16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vstore(float *p, vf16 v) { memcpy(p, &v, sizeof v); }
+
+/* One tile: ``tq`` query positions from position ``pos0`` of a chunk whose first token is
+ * row ``row0`` of q/out; one KV head. ``D`` and ``BF`` are constants where inlined. */
+static inline __attribute__((always_inline)) void attend_tile(
+    const args_t *a, const int32_t *table, int qo_len, int kv_len, int pos0, int tq, int row0,
+    int kvh, const scratch_t *w, const int D, const int BF) {
+    const size_t elem = BF ? 2 : 4;
+    const int G = a->group;
+    const int R = tq * G;
+    const int64_t tok_stride = (int64_t)a->num_kv_heads * D;
+    const int64_t v_offset = (int64_t)a->page_size * tok_stride;
+    const int64_t page_stride = 2 * v_offset;
+    const int first_lim = kv_len - qo_len + pos0; /* last key the tile's first query sees */
+    const int kv_end = first_lim + tq;            /* keys any row of the tile sees */
+    float *qt = w->qt, *ot = w->ot, *kb = w->kb, *vb = w->vb, *s = w->s;
+    float *m = w->m, *l = w->l, *alpha = w->alpha;
+    int *lim = w->lim;
+
+    /* Row r is position r / G, head r % G of the group; rows past R are zero padding that
+     * sees every key (finite, never written out). */
+    for (int r = 0; r < ROWS; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        if (r < R) {
+            const int p = r / G, g = r % G;
+            lim[r] = first_lim + p;
+            const char *src = a->q + ((size_t)(row0 + p) * (size_t)a->q_row_stride +
+                                      (size_t)(kvh * G + g) * D) * elem;
+            for (int d = 0; d < D; d++)
+                qt[d * ROWS + r] = BF ? bf16_load((const uint16_t *)src + d)
+                                      : ((const float *)src)[d];
+        } else {
+            lim[r] = kv_end - 1;
+            for (int d = 0; d < D; d++) qt[d * ROWS + r] = 0.0f;
+        }
+    }
+    memset(ot, 0, sizeof(float) * (size_t)D * ROWS);
+
+    for (int k0 = 0; k0 < kv_end; k0 += KB) {
+        const int nk = kv_end - k0 < KB ? kv_end - k0 : KB;
+        const int nk4 = (nk + 3) & ~3;
+        /* The block's K and V, widened to float32; rows past nk are zero. */
+        for (int j = 0; j < nk; j++) {
+            const int t = k0 + j;
+            const char *k = a->cache + ((size_t)table[t / a->page_size] * page_stride +
+                                        (size_t)(t % a->page_size) * tok_stride +
+                                        (size_t)kvh * D) * elem;
+            const char *v = k + v_offset * elem;
+            for (int c = 0; c < D / 16; c++) {
+                vstore(kb + j * D + 16 * c, load16(k + 16 * c * elem, BF));
+                vstore(vb + j * D + 16 * c, load16(v + 16 * c * elem, BF));
+            }
+        }
+        for (int j = nk; j < nk4; j++) memset(kb + j * D, 0, sizeof(float) * D);
+
+        /* Scores, four keys at a time against all rows: s[j][r] = scale * k_j . q_r. */
+        for (int j = 0; j < nk4; j += 4) {
+            vf16 acc[4][NV];
+            for (int jj = 0; jj < 4; jj++)
+                for (int v = 0; v < NV; v++) acc[jj][v] = (vf16){0};
+            for (int d = 0; d < D; d++) {
+                vf16 q[NV];
+                for (int v = 0; v < NV; v++) q[v] = vload(qt + d * ROWS + 16 * v);
+                for (int jj = 0; jj < 4; jj++) {
+                    const float kd = kb[(j + jj) * D + d];
+                    for (int v = 0; v < NV; v++) acc[jj][v] += kd * q[v];
+                }
+            }
+            for (int jj = 0; jj < 4; jj++)
+                for (int v = 0; v < NV; v++)
+                    vstore(s + (j + jj) * ROWS + 16 * v, acc[jj][v] * a->scale);
+        }
+        /* Keys past a row's position, and past the block, are masked out. */
+        if (k0 + KB - 1 > first_lim) {
+            for (int j = 0; j < KB; j++)
+                for (int r = 0; r < ROWS; r++)
+                    if (j >= nk || k0 + j > lim[r]) s[j * ROWS + r] = -INFINITY;
+        }
+
+        /* Online softmax, elementwise over rows. */
+        for (int r = 0; r < ROWS; r++) {
+            float peak = m[r];
+            for (int j = 0; j < KB; j++) peak = s[j * ROWS + r] > peak ? s[j * ROWS + r] : peak;
+            alpha[r] = exp_nonpositive(m[r] - peak);
+            m[r] = peak;
+        }
+        for (int r = 0; r < ROWS; r++) l[r] *= alpha[r];
+        for (int j = 0; j < KB; j++) {
+            float *sj = s + j * ROWS;
+            for (int r = 0; r < ROWS; r++) {
+                const float x = sj[r] - m[r];
+                const float e = x < -87.0f ? 0.0f : exp_nonpositive(x);
+                l[r] += e;
+                sj[r] = BF ? bf16_round(e) : e;
+            }
+        }
+
+        /* Output: rescale by the new max, then add the block's probability-weighted V,
+         * four head dims at a time. */
+        for (int d = 0; d < D; d += 4) {
+            vf16 acc[4][NV];
+            for (int dd = 0; dd < 4; dd++)
+                for (int v = 0; v < NV; v++)
+                    acc[dd][v] = vload(ot + (d + dd) * ROWS + 16 * v) * vload(alpha + 16 * v);
+            for (int j = 0; j < nk; j++) {
+                vf16 p[NV];
+                for (int v = 0; v < NV; v++) p[v] = vload(s + j * ROWS + 16 * v);
+                for (int dd = 0; dd < 4; dd++) {
+                    const float vd = vb[j * D + d + dd];
+                    for (int v = 0; v < NV; v++) acc[dd][v] += vd * p[v];
+                }
+            }
+            for (int dd = 0; dd < 4; dd++)
+                for (int v = 0; v < NV; v++) vstore(ot + (d + dd) * ROWS + 16 * v, acc[dd][v]);
+        }
+    }
+
+    for (int r = 0; r < R; r++) {
+        const int p = r / G, g = r % G;
+        const float inv = 1.0f / l[r];
+        const size_t base = ((size_t)(row0 + p) * a->num_heads + (size_t)(kvh * G + g)) * D;
+        for (int d = 0; d < D; d++) {
+            const float x = ot[d * ROWS + r] * inv;
+            if (BF)
+                ((uint16_t *)a->out)[base + d] = bf16_from_f32(x);
+            else
+                ((float *)a->out)[base + d] = x;
+        }
+    }
+}
+
+/* Returns 0; -1 when a work buffer could not be allocated, -2 for an unsupported shape
+ * (head_dim not a multiple of 16 or above 256, more than 16 query heads per KV head), -3 for
+ * a chunk whose lengths are inconsistent (qo_len < 1 or kv_len < qo_len). */
+int atrium_chunk_attention(
+    const void *q,        /* [tokens, num_heads, head_dim] rows ``q_row_stride`` apart */
+    int64_t q_row_stride, /* elements between consecutive tokens' query rows */
+    const void *cache,    /* one layer's cache, layout above */
+    void *out,            /* [tokens, num_heads, head_dim], contiguous; chunk rows written */
+    const int32_t *pages, /* page ids: the step's block tables, one after another */
+    const int32_t *q_starts,    /* [num_chunks] each chunk's first row in q and out */
+    const int32_t *q_lens,      /* [num_chunks] its number of query tokens (>= 1) */
+    const int32_t *page_starts, /* [num_chunks] where its table starts in ``pages`` */
+    const int32_t *kv_lens,     /* [num_chunks] tokens it attends over, its own included */
+    int num_chunks, int num_heads, int num_kv_heads, int head_dim, int page_size, float scale,
+    int dtype, int num_threads) {
+    const int G = num_heads / num_kv_heads;
+    if (head_dim % 16 || head_dim > MAX_DIM || G > MAX_GROUP || G * num_kv_heads != num_heads)
+        return -2;
+    const int tq = ROWS / G; /* query positions per tile */
+    int64_t tiles = 0;
+    for (int c = 0; c < num_chunks; c++) {
+        if (q_lens[c] < 1 || kv_lens[c] < q_lens[c]) return -3;
+        tiles += (q_lens[c] + tq - 1) / tq;
+    }
+    /* Tiles in order of decreasing work (a chunk's last tiles see the most keys) are handed
+     * out first, so the threads finish together. */
+    int32_t *tile_chunk = malloc(sizeof(int32_t) * (size_t)(tiles ? tiles : 1));
+    int32_t *tile_index = malloc(sizeof(int32_t) * (size_t)(tiles ? tiles : 1));
+    int failed = tile_chunk == NULL || tile_index == NULL;
+    if (!failed) {
+        int64_t n = 0;
+        for (int c = 0; c < num_chunks; c++)
+            for (int t = (q_lens[c] + tq - 1) / tq - 1; t >= 0; t--) {
+                tile_chunk[n] = c;
+                tile_index[n++] = t;
+            }
+    }
+    const args_t a = {(const char *)q, q_row_stride, (const char *)cache, (char *)out,
+                      num_heads, num_kv_heads, page_size, G, scale};
+    const int bf16 = dtype == ATRIUM_DTYPE_BFLOAT16;
+    const int64_t items = failed ? 0 : tiles * num_kv_heads;
+
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        float *base = NULL;
+        if (items > 0) {
+            base = malloc(sizeof(float) * scratch_floats(head_dim));
+            if (base == NULL) failed = 1;
+        }
+        scratch_t w;
+        if (base != NULL) scratch_bind(&w, base, head_dim);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; item++) {
+            if (base == NULL) continue;
+            const int c = tile_chunk[item / num_kv_heads];
+            const int kvh = (int)(item % num_kv_heads);
+            const int pos0 = tile_index[item / num_kv_heads] * tq;
+            const int n = q_lens[c] - pos0 < tq ? q_lens[c] - pos0 : tq;
+            const int32_t *table = pages + page_starts[c];
+#define TILE(D, BF) \
+    attend_tile(&a, table, q_lens[c], kv_lens[c], pos0, n, q_starts[c] + pos0, kvh, &w, D, BF)
+            if (head_dim == 64 && bf16)
+                TILE(64, 1);
+            else if (head_dim == 64)
+                TILE(64, 0);
+            else if (head_dim == 128 && bf16)
+                TILE(128, 1);
+            else if (head_dim == 128)
+                TILE(128, 0);
+            else if (bf16)
+                TILE(head_dim, 1);
+            else
+                TILE(head_dim, 0);
+#undef TILE
+        }
+        free(base);
+    }
+    free(tile_chunk);
+    free(tile_index);
+    return failed ? -1 : 0;
+}

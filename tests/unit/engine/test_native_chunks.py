@@ -1,0 +1,217 @@
+"""The native CPU prefill-chunk kernel against exact causal attention and the torch (SDPA) path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.attention.metadata import SeqSlice, build_attention_metadata
+from engine.attention.native_attention import (
+    ChunkKernel,
+    load_chunk_kernel,
+    load_decode_kernel,
+    try_load_chunk_kernel,
+)
+from engine.attention.registry import create_backend
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.model.config import ModelConfig
+from tests.support.paged import csr, filled_cache
+
+KERNEL = load_chunk_kernel()
+needs_kernel = pytest.mark.skipif(
+    KERNEL is None, reason="no C compiler here (the SDPA chunk path is tested without one)"
+)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A chunk's last ``len(q)`` positions: q [qo, heads, dim] over k/v [kv, kv_heads, dim],
+    causal, in float64."""
+    qo, kv = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) / q.shape[-1] ** 0.5
+    visible = torch.arange(kv)[None, :] <= torch.arange(kv - qo, kv)[:, None]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def run_chunks(
+    shapes: list[tuple[int, int]],  # (tokens cached before, tokens of the chunk)
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Run the kernel over chunks laid out one after another; returns q, out and K/V."""
+    assert KERNEL is not None
+    kv_lens = [c + n for c, n in shapes]
+    cache, tables, keys, values = filled_cache(kv_lens, page_size, kv_heads, dim, dtype, seed)
+    qo_lens = [n for _, n in shapes]
+    rows = sum(qo_lens)
+    # Query rows as a strided view of a fused QKV projection, as the model passes them.
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim).to(dtype)
+    q = qkv[:, : heads * dim].view(rows, heads, dim)
+    out = torch.full_like(q, float("nan")).contiguous()
+    pages, page_starts, kv = csr(tables, kv_lens)
+    q_starts = torch.tensor([sum(qo_lens[:i]) for i in range(len(shapes))], dtype=torch.int32)
+    KERNEL(
+        q, cache, out, pages, q_starts, torch.tensor(qo_lens, dtype=torch.int32), page_starts, kv
+    )
+    return q, out, keys, values
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (8, 8, 64), (8, 2, 128), (10, 2, 32), (6, 2, 80), (32, 2, 16)],
+)
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_float32_chunks_match_reference(
+    heads: int, kv_heads: int, dim: int, page_size: int
+) -> None:
+    """Group sizes 1 to 16 (48 to 3 query positions a tile), head sizes with and without a
+    specialisation; fresh chunks and chunks over cached tokens, shorter and longer than a tile,
+    a one-token chunk, and sequences across many pages."""
+    torch.manual_seed(page_size)
+    shapes = [(0, 2), (0, 5), (3, 1), (0, 50), (13, 60), (100, 7), (0, 130), (17, 16)]
+    q, out, keys, values = run_chunks(
+        shapes, heads, kv_heads, dim, page_size, torch.float32, seed=dim
+    )
+    row = 0
+    for (_, n), k, v in zip(shapes, keys, values, strict=True):
+        expected = reference(q[row : row + n], k, v)
+        torch.testing.assert_close(out[row : row + n].double(), expected, atol=3e-6, rtol=1e-5)
+        row += n
+
+
+@needs_kernel
+def test_bfloat16_chunks_match_the_sdpa_path_and_exact_attention() -> None:
+    """In bfloat16 the kernel rounds as torch's CPU flash attention does (probabilities to
+    bfloat16 for the V product, output once): close to the SDPA path and to exact attention."""
+    torch.manual_seed(11)
+    page_size, kv_heads, heads, dim = 16, 3, 9, 64
+    shapes = [(0, 70), (512, 64), (40, 3)]
+    kv_lens = [c + n for c, n in shapes]
+    cache, tables, keys, values = filled_cache(
+        kv_lens, page_size, kv_heads, dim, torch.bfloat16, seed=11
+    )
+    meta = build_attention_metadata(
+        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], page_size
+    )
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(keys, shapes, strict=True)])
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(values, shapes, strict=True)])
+    q = torch.randn(new_k.shape[0], heads, dim).to(torch.bfloat16)
+    outs = []
+    for backend in (TorchAttentionBackend(), TorchAttentionBackend(chunk_kernel=KERNEL)):
+        backend.plan(meta)
+        outs.append(backend.forward(0, q, new_k, new_v, cache.clone()))
+    sdpa_out, native_out = outs
+    assert native_out.dtype == torch.bfloat16
+    torch.testing.assert_close(native_out.float(), sdpa_out.float(), atol=8e-3, rtol=1.6e-2)
+    row = 0
+    for (_, n), k, v in zip(shapes, keys, values, strict=True):
+        exact = reference(q[row : row + n], k, v)
+        torch.testing.assert_close(native_out[row : row + n].double(), exact, atol=2e-2, rtol=2e-2)
+        row += n
+
+
+@needs_kernel
+@pytest.mark.parametrize("with_decode_kernel", [False, True])
+def test_mixed_step_matches_the_torch_path(with_decode_kernel: bool) -> None:
+    """Chunks between decodes: each kernel takes its own rows of the step and table, and the
+    step's new K/V are written before either reads the cache."""
+    torch.manual_seed(3)
+    page_size, kv_heads, heads, dim = 4, 2, 6, 16
+    shapes = [(6, 1), (0, 9), (11, 1), (5, 7), (0, 1), (40, 1), (2, 33)]
+    kv_lens = [c + n for c, n in shapes]
+    cache, tables, _, _ = filled_cache(kv_lens, page_size, kv_heads, dim, torch.float32, seed=3)
+    meta = build_attention_metadata(
+        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], page_size
+    )
+    num_tokens = sum(n for _, n in shapes)
+    q = torch.randn(num_tokens, heads, dim)
+    k = torch.randn(num_tokens, kv_heads, dim)
+    v = torch.randn(num_tokens, kv_heads, dim)
+    decode = load_decode_kernel() if with_decode_kernel else None
+    native = TorchAttentionBackend(decode, KERNEL)
+    outs = []
+    for backend in (TorchAttentionBackend(), native):
+        backend.plan(meta)
+        outs.append(backend.forward(0, q, k, v, cache.clone()))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    assert native.native_chunks
+
+
+@needs_kernel
+def test_inconsistent_or_unsupported_chunks_are_refused() -> None:
+    assert KERNEL is not None
+    cache, tables, _, _ = filled_cache([8], 4, 2, 16, torch.float32, seed=0)
+    pages, page_starts, kv_lens = csr(tables, [8])
+    q = torch.randn(4, 4, 16)
+    out = torch.empty_like(q)
+    starts, lens = torch.tensor([0], dtype=torch.int32), torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_len < qo_len"):
+        KERNEL(
+            q, cache, out, pages, starts, lens, page_starts, torch.tensor([3], dtype=torch.int32)
+        )
+    with pytest.raises(ValueError, match="qo_len < 1"):
+        KERNEL(q, cache, out, pages, starts, lens * 0, page_starts, kv_lens)
+    with pytest.raises(ValueError, match="run past q"):
+        KERNEL(q, cache, out, pages, starts + 1, lens, page_starts, kv_lens)
+    with pytest.raises(ValueError, match="shaped like q"):
+        KERNEL(q, cache, out[:2], pages, starts, lens, page_starts, kv_lens)
+    with pytest.raises(ValueError, match="unsupported"):
+        KERNEL(q.to(torch.bfloat16), cache, out, pages, starts, lens, page_starts, kv_lens)
+    with pytest.raises(ValueError, match="int32"):
+        KERNEL(q, cache, out, pages.long(), starts, lens, page_starts, kv_lens)
+    small, small_tables, _, _ = filled_cache([8], 4, 2, 8, torch.float32, seed=0)
+    small_q = torch.randn(4, 4, 8)
+    with pytest.raises(ValueError, match="head_dim 8"):
+        KERNEL(
+            small_q,
+            small,
+            torch.empty_like(small_q),
+            *csr(small_tables, [8])[:1],
+            starts,
+            lens,
+            page_starts,
+            kv_lens,
+        )
+
+
+def test_the_cpu_backend_uses_the_chunk_kernel_where_it_applies() -> None:
+    def model(head_dim: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=64,
+            hidden_size=4 * head_dim,
+            intermediate_size=64,
+            num_layers=1,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=head_dim,
+        )
+
+    cpu = torch.device("cpu")
+    for dtype, head_dim, expected in [
+        (torch.float32, 16, KERNEL is not None),
+        (torch.bfloat16, 64, KERNEL is not None),
+        (torch.float16, 64, False),
+        (torch.float32, 8, False),
+    ]:
+        backend = create_backend(cpu, model(head_dim), page_size=16, dtype=dtype)
+        assert isinstance(backend, TorchAttentionBackend)
+        assert backend.native_chunks is expected, (dtype, head_dim)
+    assert ChunkKernel.supports(torch.bfloat16, 9, 3, 64)
+
+
+def test_switched_off_means_no_chunk_kernel(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ATRIUM_NATIVE_KERNELS", "0")
+    assert try_load_chunk_kernel(tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
