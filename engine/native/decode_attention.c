@@ -23,6 +23,13 @@
 #include "bf16.h"
 #include "vec.h"
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define ATRIUM_DPBF16 1 /* bfloat16 pair dot products (vdpbf16ps) */
+#else
+#define ATRIUM_DPBF16 0
+#endif
+
 #define ATRIUM_DTYPE_FLOAT32 0
 #define ATRIUM_DTYPE_BFLOAT16 1
 
@@ -35,6 +42,107 @@ typedef struct {
     int page_size;
     float scale;
 } shape_t;
+
+/* Lane t of the result is the sum of the sixteen lanes of a[t]: a transposing tree of adds
+ * (thirty shuffles for sixteen sums instead of sixteen horizontal reductions). The tree leaves
+ * the sums in bit-reversed lane order, which the last shuffle undoes. */
+static inline vf16 reduce16(const vf16 a[16]) {
+    vf16 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++) {
+        const vf16 x = a[2 * i], y = a[2 * i + 1];
+        b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22,
+                                       23) +
+               __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    }
+    for (int i = 0; i < 4; i++) {
+        const vf16 x = b[2 * i], y = b[2 * i + 1];
+        c[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26,
+                                       27) +
+               __builtin_shufflevector(x, y, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29,
+                                       30, 31);
+    }
+    for (int i = 0; i < 2; i++) {
+        const vf16 x = c[2 * i], y = c[2 * i + 1];
+        d[i] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28,
+                                       29) +
+               __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30,
+                                       31);
+    }
+    const vf16 e =
+        __builtin_shufflevector(d[0], d[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14,
+                                30) +
+        __builtin_shufflevector(d[0], d[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15,
+                                31);
+    return __builtin_shufflevector(e, e, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+}
+
+#if ATRIUM_DPBF16
+/* The cache rows of tokens pos .. pos + n - 1 (n <= 16; none when n <= 0) for the K head at
+ * ``cache_b``: one division per call, then page by page. */
+static inline void token_rows(const char *cache_b, const int32_t *table, int pos, int n,
+                              const shape_t *s, int row_bytes, const char **rows) {
+    if (n <= 0) return;
+    const int64_t tok_bytes = (int64_t)s->num_kv_heads * row_bytes;
+    const int64_t page_bytes = 2 * (int64_t)s->page_size * tok_bytes;
+    int page = pos / s->page_size, off = pos % s->page_size;
+    for (int t = 0; t < n; t++) {
+        rows[t] = cache_b + (size_t)table[page] * page_bytes + (size_t)off * tok_bytes;
+        if (++off == s->page_size) {
+            off = 0;
+            page++;
+        }
+    }
+}
+
+/* bfloat16 scores of G query heads against every cached token, sixteen tokens at a time: each
+ * dot product is D / 32 pair-dot instructions on the raw bfloat16 rows (products exact, sums in
+ * float32), the sixteen tokens' partial sums reduced together. Scores are rounded to bfloat16
+ * and scaled, as in the generic path. */
+static inline __attribute__((always_inline)) void score_dpbf16(
+    const void *q_seq, const char *cache_b, const int32_t *table, int kv_len, int kv_pad, int kvh,
+    const shape_t *s, const int G, const int D, float *scores) {
+    const int C2 = D / 32;
+    const int64_t tok_stride = (int64_t)s->num_kv_heads * D;
+    __m512bh qb[MAX_GROUP][MAX_CHUNKS / 2];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < C2; c++)
+            qb[g][c] = (__m512bh)_mm512_loadu_si512(
+                (const uint16_t *)q_seq + (size_t)(kvh * G + g) * D + 32 * c);
+    for (int t0 = 0; t0 < kv_len; t0 += 16) {
+        const int n = kv_len - t0 < 16 ? kv_len - t0 : 16;
+        const uint16_t *k[16];
+        token_rows(cache_b, table, t0, n, s, D * 2, (const char **)k);
+        /* The cache is read once per item, page by scattered page: fetch the next block's K
+         * and this block's V (read by the value pass) ahead of use. */
+        const char *next[16];
+        const int n_next = kv_len - t0 - 16 < 16 ? kv_len - t0 - 16 : 16;
+        token_rows(cache_b, table, t0 + 16, n_next, s, D * 2, next);
+        for (int t = 0; t < n_next; t++)
+            for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(next[t] + line, 0, 3);
+        for (int t = 0; t < n; t++)
+            for (int line = 0; line < D * 2; line += 64)
+                __builtin_prefetch((const char *)(k[t] + s->page_size * tok_stride) + line, 0, 3);
+        for (int g = 0; g < G; g++) {
+            vf16 a[16];
+            for (int t = 0; t < 16; t++) {
+                __m512 acc = _mm512_setzero_ps();
+                if (t < n)
+                    for (int c = 0; c < C2; c++)
+                        acc = _mm512_dpbf16_ps(acc, qb[g][c],
+                                               (__m512bh)_mm512_loadu_si512(k[t] + 32 * c));
+                a[t] = (vf16)acc;
+            }
+            const vf16 dots = vbf16_round(reduce16(a)) * s->scale;
+            vf16 lane;
+            for (int t = 0; t < 16; t++) lane[t] = (float)t;
+            /* Lanes past the last token pad the row to 16 with -inf. */
+            vstore16(scores + (int64_t)g * kv_pad + t0,
+                     select16(lane < splat16((float)n), dots, splat16(-INFINITY)));
+        }
+    }
+}
+#endif
 
 /* One (decode, kv head) item: ``G`` query heads of ``D`` (a multiple of 16) values each. Both
  * are compile-time constants in the common instantiations below, so the loops over them unroll
@@ -49,6 +157,7 @@ static inline __attribute__((always_inline)) void attend_item(
     const int64_t v_offset = (int64_t)s->page_size * tok_stride;
     const int64_t page_stride = 2 * v_offset;
     const char *cache_b = (const char *)cache + (size_t)kvh * D * elem;
+    const int kv_pad = (kv_len + 15) & ~15; /* each head's scores, padded to whole vectors */
     vf16 qv[MAX_GROUP][MAX_CHUNKS];
     vf16 acc[MAX_GROUP][MAX_CHUNKS];
 
@@ -58,6 +167,11 @@ static inline __attribute__((always_inline)) void attend_item(
                               bf16);
 
     /* Scores of every query head of the group against every cached token, page by page. */
+#if ATRIUM_DPBF16
+    if (bf16 && D % 32 == 0) {
+        score_dpbf16(q_seq, cache_b, table, kv_len, kv_pad, kvh, s, G, D, scores);
+    } else
+#endif
     for (int t = 0, page = 0; t < kv_len; page++) {
         const char *k = cache_b + (size_t)table[page] * page_stride * elem;
         const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
@@ -69,30 +183,30 @@ static inline __attribute__((always_inline)) void attend_item(
                 for (int c = 1; c < C; c++) a += qv[g][c] * kc[c];
                 float dot = hsum16(a);
                 if (bf16) dot = bf16_round(dot);
-                scores[(int64_t)g * kv_len + t] = dot * s->scale;
+                scores[(int64_t)g * kv_pad + t] = dot * s->scale;
             }
         }
     }
+    if (!(ATRIUM_DPBF16 && bf16 && D % 32 == 0))
+        for (int g = 0; g < G; g++)
+            for (int t = kv_len; t < kv_pad; t++) scores[(int64_t)g * kv_pad + t] = -INFINITY;
 
-    /* Softmax per query head, in float32. */
+    /* Softmax per query head, in float32, sixteen scores at a time (the -inf padding gives 0). */
     for (int g = 0; g < G; g++) {
-        float *sg = scores + (int64_t)g * kv_len;
-        float peak = -INFINITY;
-        for (int t = 0; t < kv_len; t++) peak = sg[t] > peak ? sg[t] : peak;
-        float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-        for (int t = 0; t < kv_len; t++) {
-            float e = exp_nonpositive(sg[t] - peak);
-            sg[t] = e;
+        float *sg = scores + (int64_t)g * kv_pad;
+        vf16 peak = splat16(-INFINITY);
+        for (int t = 0; t < kv_pad; t += 16) peak = max16(peak, vload16(sg + t));
+        const vf16 top = splat16(hmax16(peak));
+        vf16 total = (vf16){0};
+        for (int t = 0; t < kv_pad; t += 16) {
+            const vf16 e = vexp_nonpositive(vload16(sg + t) - top);
+            vstore16(sg + t, e);
             total += e;
         }
-        const float inv = 1.0f / total;
-        if (bf16) {
-#pragma omp simd
-            for (int t = 0; t < kv_len; t++) sg[t] = bf16_round(sg[t] * inv);
-        } else {
-#pragma omp simd
-            for (int t = 0; t < kv_len; t++) sg[t] *= inv;
+        const float inv = 1.0f / hsum16(total);
+        for (int t = 0; t < kv_pad; t += 16) {
+            const vf16 p = vload16(sg + t) * inv;
+            vstore16(sg + t, bf16 ? vbf16_round(p) : p);
         }
     }
 
@@ -106,7 +220,7 @@ static inline __attribute__((always_inline)) void attend_item(
             vf16 vc[MAX_CHUNKS];
             for (int c = 0; c < C; c++) vc[c] = load16(v + 16 * c * elem, bf16);
             for (int g = 0; g < G; g++) {
-                const float p = scores[(int64_t)g * kv_len + t];
+                const float p = scores[(int64_t)g * kv_pad + t];
                 for (int c = 0; c < C; c++) acc[g][c] += p * vc[c];
             }
         }
@@ -154,9 +268,10 @@ int atrium_decode_attention(
             const int seq = (int)(item / num_kv_heads);
             const int kvh = (int)(item % num_kv_heads);
             const int kv_len = kv_lens[seq];
-            if ((int64_t)G * kv_len > capacity) {
+            const int64_t need = (int64_t)G * ((kv_len + 15) & ~15);
+            if (need > capacity) {
                 free(scores);
-                capacity = (int64_t)G * kv_len;
+                capacity = need;
                 scores = malloc(sizeof(float) * (size_t)capacity);
                 if (scores == NULL) {
                     capacity = 0;

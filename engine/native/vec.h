@@ -31,6 +31,7 @@ typedef float vf16 __attribute__((vector_size(64)));
 typedef float vf8 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
 typedef uint32_t vu16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef uint16_t vh16 __attribute__((vector_size(32)));
 
 static inline vf16 load16(const void *p, int bf16) {
@@ -51,6 +52,62 @@ static inline float hsum16(vf16 v) {
             __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
     vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
     return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+static inline vf16 vload16(const float *p) {
+    vf16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vstore16(float *p, vf16 v) { memcpy(p, &v, sizeof v); }
+
+static inline vf16 splat16(float x) { return (vf16){0} + x; }
+
+/* Lanes of ``a`` where ``mask`` is set (all ones), else of ``b``. */
+static inline vf16 select16(vi16 mask, vf16 a, vf16 b) {
+    return (vf16)(((vi16)a & mask) | ((vi16)b & ~mask));
+}
+
+static inline vf16 max16(vf16 a, vf16 b) { return select16(a > b, a, b); }
+
+static inline float hmax16(vf16 v) {
+    vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    vf8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    float m = -INFINITY;
+    for (int i = 0; i < 8; i++) {
+        m = a[i] > m ? a[i] : m;
+        m = b[i] > m ? b[i] : m;
+    }
+    return m;
+}
+
+/* exp_nonpositive on sixteen lanes at once, except that arguments below -87 (and -inf) give
+ * exactly 0. The reduction rounds to nearest instead of flooring x * log2(e) + 0.5, which
+ * keeps the reduced argument within the same range. */
+static inline vf16 vexp_nonpositive(vf16 x) {
+    const vi16 underflow = x < splat16(-87.0f);
+    x = select16(underflow, splat16(-87.0f), x);
+    const vf16 magic = splat16(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const vf16 n = (x * 1.44269504088896341f + magic) - magic;
+    const vf16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vf16 p = splat16(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
+    return select16(underflow, splat16(0.0f), p * (vf16)bits);
+}
+
+/* bf16_round on sixteen lanes (round to nearest even; NaN stays NaN). */
+static inline vf16 vbf16_round(vf16 x) {
+    const vu16 u = (vu16)x;
+    const vu16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const vi16 nan = (vi16)((u & 0x7fffffffu) > 0x7f800000u);
+    return select16(nan, x, (vf16)rounded);
 }
 
 #endif
