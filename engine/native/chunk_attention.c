@@ -29,6 +29,13 @@
 #include "bf16.h"
 #include "vec.h"
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define ATRIUM_DPBF16 1 /* bfloat16 pair dot products (vdpbf16ps) */
+#else
+#define ATRIUM_DPBF16 0
+#endif
+
 #define ATRIUM_DTYPE_BFLOAT16 1
 
 #define ROWS 48 /* query rows (positions x group heads) of one item: NV vectors of 16 */
@@ -73,27 +80,44 @@ static void scratch_bind(scratch_t *w, float *base, int head_dim) {
     w->lim = (int *)(w->alpha + ROWS);
 }
 
-static inline vf16 vload(const float *p) {
-    vf16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
+/* The cache rows of K for tokens pos .. pos + n - 1 of a sequence (n <= KB): one division,
+ * then page by page. V of each lies ``v_offset`` elements further. */
+static inline void key_rows(const args_t *a, const int32_t *table, int pos, int n, int kvh,
+                            int D, size_t elem, const char **rows) {
+    const int64_t tok_stride = (int64_t)a->num_kv_heads * D;
+    const int64_t page_stride = 2 * (int64_t)a->page_size * tok_stride;
+    int page = pos / a->page_size, off = pos % a->page_size;
+    for (int j = 0; j < n; j++) {
+        rows[j] = a->cache +
+                  ((size_t)table[page] * page_stride + (size_t)off * tok_stride + (size_t)kvh * D) *
+                      elem;
+        if (++off == a->page_size) {
+            off = 0;
+            page++;
+        }
+    }
 }
 
-static inline void vstore(float *p, vf16 v) { memcpy(p, &v, sizeof v); }
+#if ATRIUM_DPBF16
+static const uint16_t ZERO_ROW[MAX_DIM] = {0};
+#endif
 
 /* One tile: ``tq`` query positions from position ``pos0`` of a chunk whose first token is
- * row ``row0`` of q/out; one KV head. ``D`` and ``BF`` are constants where inlined. */
+ * row ``row0`` of q/out; one KV head. ``D``, ``BF`` and ``DP`` (bfloat16 pair dot products:
+ * Q, K, P and V multiplied as bfloat16 pairs, products exact, sums in float32, nothing
+ * widened) are constants where inlined. */
 static inline __attribute__((always_inline)) void attend_tile(
     const args_t *a, const int32_t *table, int qo_len, int kv_len, int pos0, int tq, int row0,
-    int kvh, const scratch_t *w, const int D, const int BF) {
+    int kvh, const scratch_t *w, const int D, const int BF, const int DP) {
     const size_t elem = BF ? 2 : 4;
     const int G = a->group;
     const int R = tq * G;
-    const int64_t tok_stride = (int64_t)a->num_kv_heads * D;
-    const int64_t v_offset = (int64_t)a->page_size * tok_stride;
-    const int64_t page_stride = 2 * v_offset;
+    const int64_t v_offset = (int64_t)a->page_size * a->num_kv_heads * D;
     const int first_lim = kv_len - qo_len + pos0; /* last key the tile's first query sees */
     const int kv_end = first_lim + tq;            /* keys any row of the tile sees */
+    /* Float layouts: qt [D][ROWS], ot [D][ROWS], kb/vb [KB][D], s [KB][ROWS]. With DP, qt
+     * holds [D/2][ROWS] bfloat16 pairs of Q, vb [KB/2][D] pairs of V (tokens 2i, 2i + 1) and
+     * kb [KB/2][ROWS] pairs of probabilities. */
     float *qt = w->qt, *ot = w->ot, *kb = w->kb, *vb = w->vb, *s = w->s;
     float *m = w->m, *l = w->l, *alpha = w->alpha;
     int *lim = w->lim;
@@ -103,17 +127,22 @@ static inline __attribute__((always_inline)) void attend_tile(
     for (int r = 0; r < ROWS; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
-        if (r < R) {
-            const int p = r / G, g = r % G;
-            lim[r] = first_lim + p;
-            const char *src = a->q + ((size_t)(row0 + p) * (size_t)a->q_row_stride +
-                                      (size_t)(kvh * G + g) * D) * elem;
-            for (int d = 0; d < D; d++)
-                qt[d * ROWS + r] = BF ? bf16_load((const uint16_t *)src + d)
-                                      : ((const float *)src)[d];
+        const int p = r / G, g = r % G;
+        lim[r] = r < R ? first_lim + p : kv_end - 1;
+        const char *src = a->q + ((size_t)(row0 + p) * (size_t)a->q_row_stride +
+                                  (size_t)(kvh * G + g) * D) * elem;
+        if (DP) {
+            uint32_t *qt2 = (uint32_t *)qt;
+            for (int i = 0; i < D / 2; i++) {
+                uint32_t pair = 0;
+                if (r < R) memcpy(&pair, src + 4 * (size_t)i, 4);
+                qt2[i * ROWS + r] = pair;
+            }
         } else {
-            lim[r] = kv_end - 1;
-            for (int d = 0; d < D; d++) qt[d * ROWS + r] = 0.0f;
+            for (int d = 0; d < D; d++)
+                qt[d * ROWS + r] = r >= R ? 0.0f
+                                   : BF   ? bf16_load((const uint16_t *)src + d)
+                                          : ((const float *)src)[d];
         }
     }
     memset(ot, 0, sizeof(float) * (size_t)D * ROWS);
@@ -121,36 +150,59 @@ static inline __attribute__((always_inline)) void attend_tile(
     for (int k0 = 0; k0 < kv_end; k0 += KB) {
         const int nk = kv_end - k0 < KB ? kv_end - k0 : KB;
         const int nk4 = (nk + 3) & ~3;
-        /* The block's K and V, widened to float32; rows past nk are zero. */
-        for (int j = 0; j < nk; j++) {
-            const int t = k0 + j;
-            const char *k = a->cache + ((size_t)table[t / a->page_size] * page_stride +
-                                        (size_t)(t % a->page_size) * tok_stride +
-                                        (size_t)kvh * D) * elem;
-            const char *v = k + v_offset * elem;
-            for (int c = 0; c < D / 16; c++) {
-                vstore(kb + j * D + 16 * c, load16(k + 16 * c * elem, BF));
-                vstore(vb + j * D + 16 * c, load16(v + 16 * c * elem, BF));
-            }
-        }
-        for (int j = nk; j < nk4; j++) memset(kb + j * D, 0, sizeof(float) * D);
+        const char *krow[KB];
+        key_rows(a, table, k0, nk, kvh, D, elem, krow);
 
         /* Scores, four keys at a time against all rows: s[j][r] = scale * k_j . q_r. */
-        for (int j = 0; j < nk4; j += 4) {
-            vf16 acc[4][NV];
-            for (int jj = 0; jj < 4; jj++)
-                for (int v = 0; v < NV; v++) acc[jj][v] = (vf16){0};
-            for (int d = 0; d < D; d++) {
-                vf16 q[NV];
-                for (int v = 0; v < NV; v++) q[v] = vload(qt + d * ROWS + 16 * v);
-                for (int jj = 0; jj < 4; jj++) {
-                    const float kd = kb[(j + jj) * D + d];
-                    for (int v = 0; v < NV; v++) acc[jj][v] += kd * q[v];
+        if (DP) {
+#if ATRIUM_DPBF16
+            for (int j = nk; j < nk4; j++) krow[j] = (const char *)ZERO_ROW;
+            for (int j = 0; j < nk4; j += 4) {
+                __m512 acc[4][NV];
+                for (int jj = 0; jj < 4; jj++)
+                    for (int v = 0; v < NV; v++) acc[jj][v] = _mm512_setzero_ps();
+                for (int i = 0; i < D / 2; i++) {
+                    __m512bh q[NV];
+                    for (int v = 0; v < NV; v++)
+                        q[v] = (__m512bh)_mm512_loadu_si512(qt + i * ROWS + 16 * v);
+                    for (int jj = 0; jj < 4; jj++) {
+                        uint32_t pair;
+                        memcpy(&pair, krow[j + jj] + 4 * (size_t)i, 4);
+                        const __m512bh k = (__m512bh)_mm512_set1_epi32((int)pair);
+                        for (int v = 0; v < NV; v++)
+                            acc[jj][v] = _mm512_dpbf16_ps(acc[jj][v], q[v], k);
+                    }
                 }
+                for (int jj = 0; jj < 4; jj++)
+                    for (int v = 0; v < NV; v++)
+                        vstore16(s + (j + jj) * ROWS + 16 * v, (vf16)acc[jj][v] * a->scale);
             }
-            for (int jj = 0; jj < 4; jj++)
-                for (int v = 0; v < NV; v++)
-                    vstore(s + (j + jj) * ROWS + 16 * v, acc[jj][v] * a->scale);
+#endif
+        } else {
+            /* K and V widened to float32 once for all rows; rows past nk are zero. */
+            for (int j = 0; j < nk; j++)
+                for (int c = 0; c < D / 16; c++) {
+                    vstore16(kb + j * D + 16 * c, load16(krow[j] + 16 * c * elem, BF));
+                    vstore16(vb + j * D + 16 * c,
+                             load16(krow[j] + (v_offset + 16 * c) * elem, BF));
+                }
+            for (int j = nk; j < nk4; j++) memset(kb + j * D, 0, sizeof(float) * D);
+            for (int j = 0; j < nk4; j += 4) {
+                vf16 acc[4][NV];
+                for (int jj = 0; jj < 4; jj++)
+                    for (int v = 0; v < NV; v++) acc[jj][v] = (vf16){0};
+                for (int d = 0; d < D; d++) {
+                    vf16 q[NV];
+                    for (int v = 0; v < NV; v++) q[v] = vload16(qt + d * ROWS + 16 * v);
+                    for (int jj = 0; jj < 4; jj++) {
+                        const float kd = kb[(j + jj) * D + d];
+                        for (int v = 0; v < NV; v++) acc[jj][v] += kd * q[v];
+                    }
+                }
+                for (int jj = 0; jj < 4; jj++)
+                    for (int v = 0; v < NV; v++)
+                        vstore16(s + (j + jj) * ROWS + 16 * v, acc[jj][v] * a->scale);
+            }
         }
         /* Keys past a row's position, and past the block, are masked out. */
         if (k0 + KB - 1 > first_lim) {
@@ -159,41 +211,92 @@ static inline __attribute__((always_inline)) void attend_tile(
                     if (j >= nk || k0 + j > lim[r]) s[j * ROWS + r] = -INFINITY;
         }
 
-        /* Online softmax, elementwise over rows. */
-        for (int r = 0; r < ROWS; r++) {
-            float peak = m[r];
-            for (int j = 0; j < KB; j++) peak = s[j * ROWS + r] > peak ? s[j * ROWS + r] : peak;
-            alpha[r] = exp_nonpositive(m[r] - peak);
-            m[r] = peak;
-        }
-        for (int r = 0; r < ROWS; r++) l[r] *= alpha[r];
-        for (int j = 0; j < KB; j++) {
-            float *sj = s + j * ROWS;
-            for (int r = 0; r < ROWS; r++) {
-                const float x = sj[r] - m[r];
-                const float e = x < -87.0f ? 0.0f : exp_nonpositive(x);
-                l[r] += e;
-                sj[r] = BF ? bf16_round(e) : e;
+        /* Online softmax, sixteen rows at a time. */
+        for (int v = 0; v < NV; v++) {
+            const vf16 old = vload16(m + 16 * v);
+            vf16 peak = old;
+            for (int j = 0; j < KB; j++) peak = max16(peak, vload16(s + j * ROWS + 16 * v));
+            const vf16 rescale = vexp_nonpositive(old - peak);
+            vf16 total = vload16(l + 16 * v) * rescale;
+            for (int j = 0; j < KB; j++) {
+                const vf16 e = vexp_nonpositive(vload16(s + j * ROWS + 16 * v) - peak);
+                total += e;
+                vstore16(s + j * ROWS + 16 * v, BF ? vbf16_round(e) : e);
             }
+            vstore16(m + 16 * v, peak);
+            vstore16(l + 16 * v, total);
+            vstore16(alpha + 16 * v, rescale);
         }
 
         /* Output: rescale by the new max, then add the block's probability-weighted V,
          * four head dims at a time. */
-        for (int d = 0; d < D; d += 4) {
-            vf16 acc[4][NV];
-            for (int dd = 0; dd < 4; dd++)
-                for (int v = 0; v < NV; v++)
-                    acc[dd][v] = vload(ot + (d + dd) * ROWS + 16 * v) * vload(alpha + 16 * v);
-            for (int j = 0; j < nk; j++) {
-                vf16 p[NV];
-                for (int v = 0; v < NV; v++) p[v] = vload(s + j * ROWS + 16 * v);
-                for (int dd = 0; dd < 4; dd++) {
-                    const float vd = vb[j * D + d + dd];
-                    for (int v = 0; v < NV; v++) acc[dd][v] += vd * p[v];
+        if (DP) {
+#if ATRIUM_DPBF16
+            typedef uint16_t vh32 __attribute__((vector_size(64)));
+            const int np = (nk + 1) / 2; /* token pairs */
+            uint32_t *p2 = (uint32_t *)kb, *vp = (uint32_t *)vb;
+            for (int i = 0; i < np; i++) {
+                /* Probabilities are bfloat16 values already: their top halves, paired. */
+                for (int v = 0; v < NV; v++) {
+                    const vu16 even = (vu16)vload16(s + 2 * i * ROWS + 16 * v);
+                    const vu16 odd = (vu16)vload16(s + (2 * i + 1) * ROWS + 16 * v);
+                    const vu16 pair = (even >> 16) | (odd & 0xffff0000u);
+                    memcpy(p2 + i * ROWS + 16 * v, &pair, sizeof pair);
+                }
+                const char *v0 = krow[2 * i] + v_offset * elem;
+                const char *v1 =
+                    2 * i + 1 < nk ? krow[2 * i + 1] + v_offset * elem : (const char *)ZERO_ROW;
+                for (int c = 0; c < D / 32; c++) {
+                    vh32 x, y;
+                    memcpy(&x, v0 + 64 * c, sizeof x);
+                    memcpy(&y, v1 + 64 * c, sizeof y);
+                    const vh32 lo = __builtin_shufflevector(
+                        x, y, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41,
+                        10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47);
+                    const vh32 hi = __builtin_shufflevector(
+                        x, y, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24,
+                        56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
+                    memcpy(vp + i * D + 32 * c, &lo, sizeof lo);
+                    memcpy(vp + i * D + 32 * c + 16, &hi, sizeof hi);
                 }
             }
-            for (int dd = 0; dd < 4; dd++)
-                for (int v = 0; v < NV; v++) vstore(ot + (d + dd) * ROWS + 16 * v, acc[dd][v]);
+            for (int d = 0; d < D; d += 4) {
+                __m512 acc[4][NV];
+                for (int dd = 0; dd < 4; dd++)
+                    for (int v = 0; v < NV; v++)
+                        acc[dd][v] = (__m512)(vload16(ot + (d + dd) * ROWS + 16 * v) *
+                                              vload16(alpha + 16 * v));
+                for (int i = 0; i < np; i++) {
+                    __m512bh p[NV];
+                    for (int v = 0; v < NV; v++)
+                        p[v] = (__m512bh)_mm512_loadu_si512(p2 + i * ROWS + 16 * v);
+                    for (int dd = 0; dd < 4; dd++) {
+                        const __m512bh x = (__m512bh)_mm512_set1_epi32((int)vp[i * D + d + dd]);
+                        for (int v = 0; v < NV; v++) acc[dd][v] = _mm512_dpbf16_ps(acc[dd][v], p[v], x);
+                    }
+                }
+                for (int dd = 0; dd < 4; dd++)
+                    for (int v = 0; v < NV; v++)
+                        vstore16(ot + (d + dd) * ROWS + 16 * v, (vf16)acc[dd][v]);
+            }
+#endif
+        } else {
+            for (int d = 0; d < D; d += 4) {
+                vf16 acc[4][NV];
+                for (int dd = 0; dd < 4; dd++)
+                    for (int v = 0; v < NV; v++)
+                        acc[dd][v] = vload16(ot + (d + dd) * ROWS + 16 * v) * vload16(alpha + 16 * v);
+                for (int j = 0; j < nk; j++) {
+                    vf16 p[NV];
+                    for (int v = 0; v < NV; v++) p[v] = vload16(s + j * ROWS + 16 * v);
+                    for (int dd = 0; dd < 4; dd++) {
+                        const float vd = vb[j * D + d + dd];
+                        for (int v = 0; v < NV; v++) acc[dd][v] += vd * p[v];
+                    }
+                }
+                for (int dd = 0; dd < 4; dd++)
+                    for (int v = 0; v < NV; v++) vstore16(ot + (d + dd) * ROWS + 16 * v, acc[dd][v]);
+            }
         }
     }
 
@@ -260,7 +363,7 @@ int atrium_chunk_attention(
             base = malloc(sizeof(float) * scratch_floats(head_dim));
             if (base == NULL) failed = 1;
         }
-        scratch_t w;
+        scratch_t w = {0};
         if (base != NULL) scratch_bind(&w, base, head_dim);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
@@ -270,20 +373,20 @@ int atrium_chunk_attention(
             const int pos0 = tile_index[item / num_kv_heads] * tq;
             const int n = q_lens[c] - pos0 < tq ? q_lens[c] - pos0 : tq;
             const int32_t *table = pages + page_starts[c];
-#define TILE(D, BF) \
-    attend_tile(&a, table, q_lens[c], kv_lens[c], pos0, n, q_starts[c] + pos0, kvh, &w, D, BF)
+#define TILE(D, BF, DP) \
+    attend_tile(&a, table, q_lens[c], kv_lens[c], pos0, n, q_starts[c] + pos0, kvh, &w, D, BF, DP)
             if (head_dim == 64 && bf16)
-                TILE(64, 1);
+                TILE(64, 1, ATRIUM_DPBF16);
             else if (head_dim == 64)
-                TILE(64, 0);
+                TILE(64, 0, 0);
             else if (head_dim == 128 && bf16)
-                TILE(128, 1);
+                TILE(128, 1, ATRIUM_DPBF16);
             else if (head_dim == 128)
-                TILE(128, 0);
+                TILE(128, 0, 0);
             else if (bf16)
-                TILE(head_dim, 1);
+                TILE(head_dim, 1, ATRIUM_DPBF16 && head_dim % 32 == 0);
             else
-                TILE(head_dim, 0);
+                TILE(head_dim, 0, 0);
 #undef TILE
         }
         free(base);
