@@ -29,19 +29,11 @@
 #include "bf16.h"
 #include "vec.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <immintrin.h>
-#define ATRIUM_DPBF16 1 /* bfloat16 pair dot products (vdpbf16ps) */
-#else
-#define ATRIUM_DPBF16 0
-#endif
-
 #define ATRIUM_DTYPE_BFLOAT16 1
 
 #define ROWS 48 /* query rows (positions x group heads) of one item: NV vectors of 16 */
 #define NV (ROWS / 16)
 #define KB 16       /* keys per block */
-#define MAX_DIM 256 /* head_dim limit (a multiple of 16) */
 #define MAX_GROUP 16
 
 typedef struct {
@@ -98,10 +90,6 @@ static inline void key_rows(const args_t *a, const int32_t *table, int pos, int 
     }
 }
 
-#if ATRIUM_DPBF16
-static const uint16_t ZERO_ROW[MAX_DIM] = {0};
-#endif
-
 /* One tile: ``tq`` query positions from position ``pos0`` of a chunk whose first token is
  * row ``row0`` of q/out; one KV head. ``D``, ``BF`` and ``DP`` (bfloat16 pair dot products:
  * Q, K, P and V multiplied as bfloat16 pairs, products exact, sums in float32, nothing
@@ -156,7 +144,7 @@ static inline __attribute__((always_inline)) void attend_tile(
         /* Scores, four keys at a time against all rows: s[j][r] = scale * k_j . q_r. */
         if (DP) {
 #if ATRIUM_DPBF16
-            for (int j = nk; j < nk4; j++) krow[j] = (const char *)ZERO_ROW;
+            for (int j = nk; j < nk4; j++) krow[j] = (const char *)ATRIUM_ZERO_ROW;
             for (int j = 0; j < nk4; j += 4) {
                 __m512 acc[4][NV];
                 for (int jj = 0; jj < 4; jj++)
@@ -232,7 +220,6 @@ static inline __attribute__((always_inline)) void attend_tile(
          * four head dims at a time. */
         if (DP) {
 #if ATRIUM_DPBF16
-            typedef uint16_t vh32 __attribute__((vector_size(64)));
             const int np = (nk + 1) / 2; /* token pairs */
             uint32_t *p2 = (uint32_t *)kb, *vp = (uint32_t *)vb;
             for (int i = 0; i < np; i++) {
@@ -244,21 +231,9 @@ static inline __attribute__((always_inline)) void attend_tile(
                     memcpy(p2 + i * ROWS + 16 * v, &pair, sizeof pair);
                 }
                 const char *v0 = krow[2 * i] + v_offset * elem;
-                const char *v1 =
-                    2 * i + 1 < nk ? krow[2 * i + 1] + v_offset * elem : (const char *)ZERO_ROW;
-                for (int c = 0; c < D / 32; c++) {
-                    vh32 x, y;
-                    memcpy(&x, v0 + 64 * c, sizeof x);
-                    memcpy(&y, v1 + 64 * c, sizeof y);
-                    const vh32 lo = __builtin_shufflevector(
-                        x, y, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41,
-                        10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47);
-                    const vh32 hi = __builtin_shufflevector(
-                        x, y, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24,
-                        56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
-                    memcpy(vp + i * D + 32 * c, &lo, sizeof lo);
-                    memcpy(vp + i * D + 32 * c + 16, &hi, sizeof hi);
-                }
+                const char *v1 = 2 * i + 1 < nk ? krow[2 * i + 1] + v_offset * elem
+                                                : (const char *)ATRIUM_ZERO_ROW;
+                pair_rows(v0, v1, D, vp + i * D);
             }
             for (int d = 0; d < D; d += 4) {
                 __m512 acc[4][NV];
@@ -330,7 +305,7 @@ int atrium_chunk_attention(
     int num_chunks, int num_heads, int num_kv_heads, int head_dim, int page_size, float scale,
     int dtype, int num_threads) {
     const int G = num_heads / num_kv_heads;
-    if (head_dim % 16 || head_dim > MAX_DIM || G > MAX_GROUP || G * num_kv_heads != num_heads)
+    if (head_dim % 16 || head_dim > ATRIUM_MAX_DIM || G > MAX_GROUP || G * num_kv_heads != num_heads)
         return -2;
     const int tq = ROWS / G; /* query positions per tile */
     int64_t tiles = 0;

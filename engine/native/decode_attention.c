@@ -23,18 +23,11 @@
 #include "bf16.h"
 #include "vec.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <immintrin.h>
-#define ATRIUM_DPBF16 1 /* bfloat16 pair dot products (vdpbf16ps) */
-#else
-#define ATRIUM_DPBF16 0
-#endif
-
 #define ATRIUM_DTYPE_FLOAT32 0
 #define ATRIUM_DTYPE_BFLOAT16 1
 
 #define MAX_GROUP 16   /* query heads per KV head handled in registers-or-stack */
-#define MAX_CHUNKS 16  /* head_dim / 16, i.e. head_dim <= 256 */
+#define MAX_CHUNKS (ATRIUM_MAX_DIM / 16) /* head_dim / 16 */
 
 typedef struct {
     int num_heads;
@@ -213,6 +206,32 @@ static inline __attribute__((always_inline)) void attend_item(
     /* Probability-weighted sum of V, accumulated in float32. */
     for (int g = 0; g < G; g++)
         for (int c = 0; c < C; c++) acc[g][c] = (vf16){0};
+#if ATRIUM_DPBF16
+    if (bf16 && D % 32 == 0) {
+        /* Two tokens per pair dot product: their V rows interleaved, their probabilities
+         * (bfloat16 values already) paired; the padding past kv_len has probability 0. */
+        const char *v_base = cache_b + v_offset * elem;
+        for (int t0 = 0; t0 < kv_len; t0 += 16) {
+            const int n = kv_len - t0 < 16 ? kv_len - t0 : 16;
+            const char *rows[16];
+            token_rows(v_base, table, t0, n, s, D * 2, rows);
+            for (int t = 0; t < n; t += 2) {
+                uint32_t vp[ATRIUM_MAX_DIM];
+                pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D, vp);
+                for (int g = 0; g < G; g++) {
+                    uint32_t even, odd;
+                    memcpy(&even, scores + (int64_t)g * kv_pad + t0 + t, 4);
+                    memcpy(&odd, scores + (int64_t)g * kv_pad + t0 + t + 1, 4);
+                    const __m512bh p =
+                        (__m512bh)_mm512_set1_epi32((int)((even >> 16) | (odd & 0xffff0000u)));
+                    for (int c = 0; c < C; c++)
+                        acc[g][c] = (vf16)_mm512_dpbf16_ps(
+                            (__m512)acc[g][c], (__m512bh)_mm512_loadu_si512(vp + 16 * c), p);
+                }
+            }
+        }
+    } else
+#endif
     for (int t = 0, page = 0; t < kv_len; page++) {
         const char *v = cache_b + ((size_t)table[page] * page_stride + v_offset) * elem;
         const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
