@@ -181,14 +181,18 @@ class ChunkKernel:
         _raise_for("chunk", status, q, kv_cache)
 
 
-def try_load_decode_kernel(cache_dir: Path | None = None) -> DecodeKernel | None:
+def try_load_decode_kernel(
+    cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()
+) -> DecodeKernel | None:
     """The decode kernel, or None where it is turned off or cannot be built or loaded."""
-    return try_load(DECODE_SOURCE, DecodeKernel, cache_dir)
+    return try_load(DECODE_SOURCE, DecodeKernel, cache_dir, extra_flags)
 
 
-def try_load_chunk_kernel(cache_dir: Path | None = None) -> ChunkKernel | None:
+def try_load_chunk_kernel(
+    cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()
+) -> ChunkKernel | None:
     """The prefill-chunk kernel, or None where it is turned off or cannot be built or loaded."""
-    return try_load(CHUNK_SOURCE, ChunkKernel, cache_dir)
+    return try_load(CHUNK_SOURCE, ChunkKernel, cache_dir, extra_flags)
 
 
 @functools.cache

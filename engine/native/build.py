@@ -64,9 +64,12 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def build_library(source: Path, cache_dir: Path | None = None) -> Path:
-    """Compile ``source`` unless a build for it (and the headers beside it), this compiler and
-    this CPU is cached."""
+def build_library(
+    source: Path, cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()
+) -> Path:
+    """Compile ``source`` unless a build for it (and the headers beside it), this compiler,
+    these flags and this CPU is cached. ``extra_flags`` go after the standard ones (tests build
+    the portable paths with e.g. ``-mno-avx512bf16``)."""
     compiler = _compiler()
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc or gcc) on PATH; set CC")
@@ -82,7 +85,8 @@ def build_library(source: Path, cache_dir: Path | None = None) -> Path:
     for part in (source.read_bytes(), *(h.read_bytes() for h in headers)):
         digest.update(part)
     digest.update(version.encode())
-    digest.update(" ".join(FLAGS).encode())
+    flags = (*FLAGS, *extra_flags)
+    digest.update(" ".join(flags).encode())
     digest.update(_cpu_flags().encode())
     folder = cache_dir or _cache_dir()
     target = folder / f"{source.stem}-{digest.hexdigest()[:16]}.so"
@@ -93,7 +97,7 @@ def build_library(source: Path, cache_dir: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, f"-I{source.parent}", "-o", str(built), str(source), "-lm"],
+            [compiler, *flags, f"-I{source.parent}", "-o", str(built), str(source), "-lm"],
             check=False,
             capture_output=True,
             text=True,
@@ -109,14 +113,19 @@ def build_library(source: Path, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def try_load(source: Path, bind: Callable[[Path], T], cache_dir: Path | None = None) -> T | None:
+def try_load(
+    source: Path,
+    bind: Callable[[Path], T],
+    cache_dir: Path | None = None,
+    extra_flags: tuple[str, ...] = (),
+) -> T | None:
     """``bind`` (ctypes bindings) over the built ``source``, or None (logged) where native
     kernels are off or ``source`` cannot be built or loaded."""
     if not native_enabled():
         return None
     started = time.perf_counter()
     try:
-        library = build_library(source, cache_dir)
+        library = build_library(source, cache_dir, extra_flags)
         bound = bind(library)
     except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native_kernel_unavailable", source=source.name, error=str(exc)[:500])

@@ -1,5 +1,6 @@
-/* What the attention kernels in this folder share: a vectorisable exp for softmax, sixteen-float
- * vectors, and loads that widen bfloat16 to float32. */
+/* What the attention kernels in this folder share: whether the CPU has bfloat16 pair dot
+ * products, a vectorisable exp for softmax, sixteen-float vectors, loads that widen bfloat16
+ * to float32, and the pairing of two bfloat16 rows for pair dot products. */
 #ifndef ATRIUM_VEC_H
 #define ATRIUM_VEC_H
 
@@ -12,25 +13,6 @@
 #define ATRIUM_DPBF16 1 /* bfloat16 pair dot products (vdpbf16ps) */
 #else
 #define ATRIUM_DPBF16 0
-typedef uint16_t vh32 __attribute__((vector_size(64)));
-
-/* Two bfloat16 rows of D values (a multiple of 32) as D pairs: out[d] holds x[d] in its low
- * half and y[d] in its high half, the operand layout of pair dot products over two tokens. */
-static inline void pair_rows(const void *x, const void *y, int D, uint32_t *out) {
-    for (int c = 0; c < D / 32; c++) {
-        vh32 a, b;
-        memcpy(&a, (const char *)x + 64 * c, sizeof a);
-        memcpy(&b, (const char *)y + 64 * c, sizeof b);
-        const vh32 lo = __builtin_shufflevector(a, b, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6,
-                                                38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44,
-                                                13, 45, 14, 46, 15, 47);
-        const vh32 hi = __builtin_shufflevector(a, b, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
-                                                53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27,
-                                                59, 28, 60, 29, 61, 30, 62, 31, 63);
-        memcpy(out + 32 * c, &lo, sizeof lo);
-        memcpy(out + 32 * c + 16, &hi, sizeof hi);
-    }
-}
 #endif
 
 #define ATRIUM_MAX_DIM 256 /* head_dim limit of the attention kernels (a multiple of 16) */

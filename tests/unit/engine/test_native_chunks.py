@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from engine.attention.native_attention import (
     load_chunk_kernel,
     load_decode_kernel,
     try_load_chunk_kernel,
+    try_load_decode_kernel,
 )
 from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
@@ -215,3 +217,45 @@ def test_switched_off_means_no_chunk_kernel(
     monkeypatch.setenv("ATRIUM_NATIVE_KERNELS", "0")
     assert try_load_chunk_kernel(tmp_path) is None
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    KERNEL is None or platform.machine() not in ("x86_64", "AMD64"),
+    reason="needs the C compiler and an x86 target (the switch is an x86 flag)",
+)
+def test_portable_and_pair_dot_builds_agree(tmp_path: Path) -> None:
+    """Where the CPU has AVX512-BF16 the bfloat16 kernels multiply through pair dot products;
+    elsewhere through widened float32. Both builds (the second forced here with
+    ``-mno-avx512bf16``) give the same attention, decodes and chunks, within bfloat16 rounding."""
+    decode = load_decode_kernel()
+    portable_decode = try_load_decode_kernel(tmp_path, ("-mno-avx512bf16",))
+    portable_chunk = try_load_chunk_kernel(tmp_path, ("-mno-avx512bf16",))
+    assert decode is not None and portable_decode is not None and portable_chunk is not None
+    torch.manual_seed(21)
+    page_size, kv_heads, heads, dim = 16, 3, 9, 64
+    shapes = [(0, 70), (300, 64), (40, 3), (45, 1), (130, 1), (7, 1)]
+    kv_lens = [c + n for c, n in shapes]
+    cache, tables, keys, values = filled_cache(
+        kv_lens, page_size, kv_heads, dim, torch.bfloat16, seed=21
+    )
+    meta = build_attention_metadata(
+        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], page_size
+    )
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(keys, shapes, strict=True)])
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(values, shapes, strict=True)])
+    q = torch.randn(new_k.shape[0], heads, dim).to(torch.bfloat16)
+    outs = []
+    for backend in (
+        TorchAttentionBackend(decode, KERNEL),
+        TorchAttentionBackend(portable_decode, portable_chunk),
+    ):
+        backend.plan(meta)
+        outs.append(backend.forward(0, q, new_k, new_v, cache.clone()))
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=8e-3, rtol=1.6e-2)
+    row = 0
+    for (_, n), k, v in zip(shapes, keys, values, strict=True):
+        exact = reference(q[row : row + n], k, v)
+        for out in outs:
+            torch.testing.assert_close(out[row : row + n].double(), exact, atol=2e-2, rtol=2e-2)
+        row += n
