@@ -96,17 +96,50 @@ def _raise_for(name: str, status: int, q: torch.Tensor, kv_cache: torch.Tensor) 
         raise NativeKernelError(f"{name} kernel could not allocate its work buffers")
 
 
-class DecodeKernel:
-    """``atrium_decode_attention``: one query token per sequence."""
+class _Kernel:
+    """A kernel of the built library: ``fn(q, q_row_stride, cache, out, *tables, count, *shape)``
+    returning a status."""
+
+    name: str
+    symbol: str
+    num_tables: int
 
     def __init__(self, library: Path) -> None:
-        fn = ctypes.CDLL(str(library)).atrium_decode_attention
-        fn.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _I32, *_SHAPE_ARGS]
+        fn = getattr(ctypes.CDLL(str(library)), self.symbol)
+        fn.argtypes = [_P, _I64, _P, _P, *([_P] * self.num_tables), _I32, *_SHAPE_ARGS]
         fn.restype = ctypes.c_int
         self._fn = fn
         self.library = library
 
     supports = staticmethod(kernels_support)
+
+    def _run(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        out: torch.Tensor,
+        tables: list[torch.Tensor],
+        count: int,
+    ) -> None:
+        """Run over inputs that passed ``_check``."""
+        status = self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            kv_cache.data_ptr(),
+            out.data_ptr(),
+            *(t.data_ptr() for t in tables),
+            count,
+            *_shape_args(q, kv_cache),
+        )
+        _raise_for(self.name, status, q, kv_cache)
+
+
+class DecodeKernel(_Kernel):
+    """``atrium_decode_attention``: one query token per sequence."""
+
+    name = "decode"
+    symbol = "atrium_decode_attention"
+    num_tables = 3  # pages, page_starts, kv_lens
 
     def __call__(
         self,
@@ -116,35 +149,20 @@ class DecodeKernel:
         page_starts: torch.Tensor,  # [num_decodes] int32: where each decode's table starts
         kv_lens: torch.Tensor,  # [num_decodes] int32
     ) -> torch.Tensor:  # [num_decodes, num_heads, head_dim]
-        _check("decode", q, kv_cache, [pages, page_starts, kv_lens])
+        tables = [pages, page_starts, kv_lens]
+        _check(self.name, q, kv_cache, tables)
         out = q.new_empty(q.shape)
-        status = self._fn(
-            q.data_ptr(),
-            q.stride(0),
-            kv_cache.data_ptr(),
-            out.data_ptr(),
-            pages.data_ptr(),
-            page_starts.data_ptr(),
-            kv_lens.data_ptr(),
-            q.shape[0],
-            *_shape_args(q, kv_cache),
-        )
-        _raise_for("decode", status, q, kv_cache)
+        self._run(q, kv_cache, out, tables, q.shape[0])
         return out
 
 
-class ChunkKernel:
+class ChunkKernel(_Kernel):
     """``atrium_chunk_attention``: causal attention of prefill chunks over their cached tokens
     (the chunk's own K/V already written)."""
 
-    def __init__(self, library: Path) -> None:
-        fn = ctypes.CDLL(str(library)).atrium_chunk_attention
-        fn.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _P, _P, _I32, *_SHAPE_ARGS]
-        fn.restype = ctypes.c_int
-        self._fn = fn
-        self.library = library
-
-    supports = staticmethod(kernels_support)
+    name = "chunk"
+    symbol = "atrium_chunk_attention"
+    num_tables = 5  # pages, q_starts, q_lens, page_starts, kv_lens
 
     def __call__(
         self,
@@ -157,7 +175,8 @@ class ChunkKernel:
         page_starts: torch.Tensor,  # [num_chunks] int32: where its table starts in ``pages``
         kv_lens: torch.Tensor,  # [num_chunks] int32: tokens it attends over, its own included
     ) -> None:
-        _check("chunk", q, kv_cache, [pages, q_starts, q_lens, page_starts, kv_lens])
+        tables = [pages, q_starts, q_lens, page_starts, kv_lens]
+        _check(self.name, q, kv_cache, tables)
         if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
             raise ValueError("chunk kernel: out must be contiguous and shaped like q")
         num_chunks = q_starts.shape[0]
@@ -165,20 +184,7 @@ class ChunkKernel:
             raise ValueError("chunk kernel: one q_start, q_len, page_start and kv_len per chunk")
         if num_chunks and int((q_starts + q_lens).max()) > q.shape[0]:
             raise ValueError("chunk kernel: a chunk's rows run past q")
-        status = self._fn(
-            q.data_ptr(),
-            q.stride(0),
-            kv_cache.data_ptr(),
-            out.data_ptr(),
-            pages.data_ptr(),
-            q_starts.data_ptr(),
-            q_lens.data_ptr(),
-            page_starts.data_ptr(),
-            kv_lens.data_ptr(),
-            num_chunks,
-            *_shape_args(q, kv_cache),
-        )
-        _raise_for("chunk", status, q, kv_cache)
+        self._run(q, kv_cache, out, tables, num_chunks)
 
 
 def try_load_decode_kernel(

@@ -1,5 +1,5 @@
 /* What the attention kernels in this folder share: whether the CPU has bfloat16 pair dot
- * products, a vectorisable exp for softmax, sixteen-float vectors, loads that widen bfloat16
+ * products, a vector exp for softmax, sixteen-float vectors, loads that widen bfloat16
  * to float32, and the pairing of two bfloat16 rows for pair dot products. */
 #ifndef ATRIUM_VEC_H
 #define ATRIUM_VEC_H
@@ -19,25 +19,6 @@
 
 /* A bfloat16 row of zeros, standing in for a token past the end of a pair. */
 static const uint16_t ATRIUM_ZERO_ROW[ATRIUM_MAX_DIM] = {0};
-
-/* exp for softmax arguments (x <= 0): Cody-Waite range reduction and a degree-6 polynomial,
- * within 2 ulp of expf over the range, written so that the compiler vectorises it. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 /* Sixteen floats: the compiler maps these onto whatever vector registers the CPU has. */
 typedef float vf16 __attribute__((vector_size(64)));
@@ -95,9 +76,9 @@ static inline float hmax16(vf16 v) {
     return m;
 }
 
-/* exp_nonpositive on sixteen lanes at once, except that arguments below -87 (and -inf) give
- * exactly 0. The reduction rounds to nearest instead of flooring x * log2(e) + 0.5, which
- * keeps the reduced argument within the same range. */
+/* exp of softmax arguments (x <= 0) on sixteen lanes: Cody-Waite range reduction (x = n ln2 + r,
+ * n rounded to nearest) and a degree-6 polynomial, within 2 ulp of expf; arguments below -87
+ * (and -inf) give exactly 0. */
 static inline vf16 vexp_nonpositive(vf16 x) {
     const vi16 underflow = x < splat16(-87.0f);
     x = select16(underflow, splat16(-87.0f), x);

@@ -11,6 +11,7 @@ from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.native_attention import (
     DECODE_SOURCE,
     DecodeKernel,
+    load_chunk_kernel,
     load_decode_kernel,
     try_load_decode_kernel,
 )
@@ -143,7 +144,7 @@ def test_unsupported_inputs_are_refused_not_misread() -> None:
     assert DecodeKernel.supports(torch.bfloat16, 9, 3, 64)
 
 
-def test_the_cpu_backend_uses_the_kernel_where_it_applies() -> None:
+def test_the_cpu_backend_uses_the_kernels_where_they_apply() -> None:
     def model(head_dim: int) -> ModelConfig:
         return ModelConfig(
             vocab_size=64,
@@ -165,6 +166,7 @@ def test_the_cpu_backend_uses_the_kernel_where_it_applies() -> None:
         backend = create_backend(cpu, model(head_dim), page_size=16, dtype=dtype)
         assert isinstance(backend, TorchAttentionBackend)
         assert backend.native_decode is expected, (dtype, head_dim)
+        assert backend.native_chunks is (expected and load_chunk_kernel() is not None)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,14 +12,13 @@ import torch
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.native_attention import (
     ChunkKernel,
+    DecodeKernel,
     load_chunk_kernel,
     load_decode_kernel,
     try_load_chunk_kernel,
     try_load_decode_kernel,
 )
-from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
-from engine.model.config import ModelConfig
 from tests.support.paged import csr, filled_cache
 
 KERNEL = load_chunk_kernel()
@@ -91,23 +91,27 @@ def test_float32_chunks_match_reference(
         row += n
 
 
+def bf16_step(shapes: list[tuple[int, int]], seed: int) -> tuple[Any, ...]:
+    """A bfloat16 step of SmolLM2's attention shape (9 query heads over 3 KV heads of 64, pages
+    of 16): metadata, a cache holding every sequence's K/V, and the step's q and new K/V."""
+    torch.manual_seed(seed)
+    kv_lens = [c + n for c, n in shapes]
+    cache, tables, keys, values = filled_cache(kv_lens, 16, 3, 64, torch.bfloat16, seed=seed)
+    meta = build_attention_metadata(
+        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], 16
+    )
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(keys, shapes, strict=True)])
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(values, shapes, strict=True)])
+    q = torch.randn(new_k.shape[0], 9, 64).to(torch.bfloat16)
+    return meta, cache, keys, values, q, new_k, new_v
+
+
 @needs_kernel
 def test_bfloat16_chunks_match_the_sdpa_path_and_exact_attention() -> None:
     """In bfloat16 the kernel rounds as torch's CPU flash attention does (probabilities to
     bfloat16 for the V product, output once): close to the SDPA path and to exact attention."""
-    torch.manual_seed(11)
-    page_size, kv_heads, heads, dim = 16, 3, 9, 64
     shapes = [(0, 70), (512, 64), (40, 3)]
-    kv_lens = [c + n for c, n in shapes]
-    cache, tables, keys, values = filled_cache(
-        kv_lens, page_size, kv_heads, dim, torch.bfloat16, seed=11
-    )
-    meta = build_attention_metadata(
-        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], page_size
-    )
-    new_k = torch.cat([k[c:] for k, (c, _) in zip(keys, shapes, strict=True)])
-    new_v = torch.cat([v[c:] for v, (c, _) in zip(values, shapes, strict=True)])
-    q = torch.randn(new_k.shape[0], heads, dim).to(torch.bfloat16)
+    meta, cache, keys, values, q, new_k, new_v = bf16_step(shapes, seed=11)
     outs = []
     for backend in (TorchAttentionBackend(), TorchAttentionBackend(chunk_kernel=KERNEL)):
         backend.plan(meta)
@@ -186,29 +190,9 @@ def test_inconsistent_or_unsupported_chunks_are_refused() -> None:
         )
 
 
-def test_the_cpu_backend_uses_the_chunk_kernel_where_it_applies() -> None:
-    def model(head_dim: int) -> ModelConfig:
-        return ModelConfig(
-            vocab_size=64,
-            hidden_size=4 * head_dim,
-            intermediate_size=64,
-            num_layers=1,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=head_dim,
-        )
-
-    cpu = torch.device("cpu")
-    for dtype, head_dim, expected in [
-        (torch.float32, 16, KERNEL is not None),
-        (torch.bfloat16, 64, KERNEL is not None),
-        (torch.float16, 64, False),
-        (torch.float32, 8, False),
-    ]:
-        backend = create_backend(cpu, model(head_dim), page_size=16, dtype=dtype)
-        assert isinstance(backend, TorchAttentionBackend)
-        assert backend.native_chunks is expected, (dtype, head_dim)
-    assert ChunkKernel.supports(torch.bfloat16, 9, 3, 64)
+def test_the_chunk_kernel_supports_what_the_decode_kernel_does() -> None:
+    for args in [(torch.bfloat16, 9, 3, 64), (torch.float32, 4, 2, 8), (torch.float16, 4, 2, 64)]:
+        assert ChunkKernel.supports(*args) is DecodeKernel.supports(*args)
 
 
 def test_switched_off_means_no_chunk_kernel(
@@ -232,19 +216,8 @@ def test_portable_and_pair_dot_builds_agree(tmp_path: Path) -> None:
     portable_decode = try_load_decode_kernel(tmp_path, ("-mno-avx512bf16",))
     portable_chunk = try_load_chunk_kernel(tmp_path, ("-mno-avx512bf16",))
     assert decode is not None and portable_decode is not None and portable_chunk is not None
-    torch.manual_seed(21)
-    page_size, kv_heads, heads, dim = 16, 3, 9, 64
     shapes = [(0, 70), (300, 64), (40, 3), (45, 1), (130, 1), (7, 1)]
-    kv_lens = [c + n for c, n in shapes]
-    cache, tables, keys, values = filled_cache(
-        kv_lens, page_size, kv_heads, dim, torch.bfloat16, seed=21
-    )
-    meta = build_attention_metadata(
-        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], page_size
-    )
-    new_k = torch.cat([k[c:] for k, (c, _) in zip(keys, shapes, strict=True)])
-    new_v = torch.cat([v[c:] for v, (c, _) in zip(values, shapes, strict=True)])
-    q = torch.randn(new_k.shape[0], heads, dim).to(torch.bfloat16)
+    meta, cache, keys, values, q, new_k, new_v = bf16_step(shapes, seed=21)
     outs = []
     for backend in (
         TorchAttentionBackend(decode, KERNEL),
