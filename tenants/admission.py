@@ -130,10 +130,11 @@ class AdmissionService:
             "refilled_at": now_s,
             "in_flight": 0,
         }
-        await session.execute(insert_ignore(self._db, RateBucket, [row]))
-        bucket = await session.scalar(
-            select(RateBucket).where(RateBucket.tenant_id == tenant_id).with_for_update()
-        )
+        locked = select(RateBucket).where(RateBucket.tenant_id == tenant_id).with_for_update()
+        bucket = await session.scalar(locked)
+        if bucket is None:  # the tenant's first request: create the row, then lock it
+            await session.execute(insert_ignore(self._db, RateBucket, [row]))
+            bucket = await session.scalar(locked)
         if bucket is None:  # the tenant row is held, so the bucket cannot vanish
             raise RuntimeError("rate bucket missing after insert")
         return bucket
@@ -198,8 +199,6 @@ class AdmissionService:
     async def _reserve_budget(
         self, session: AsyncSession, tenant_id: str, period: str, need: int, quotas: Quotas
     ) -> None:
-        row = {"tenant_id": tenant_id, "period": period, "used": 0, "reserved": 0}
-        await session.execute(insert_ignore(self._db, TokenBudget, [row]))
         budget = quotas.monthly_token_budget
         stmt = (
             update(TokenBudget)
@@ -208,8 +207,12 @@ class AdmissionService:
         )
         if budget is not None:
             stmt = stmt.where(TokenBudget.used + TokenBudget.reserved + need <= budget)
-        result = await session.execute(stmt)
-        if result.rowcount == 1:  # type: ignore[attr-defined]
+        if (await session.execute(stmt)).rowcount == 1:  # type: ignore[attr-defined]
+            return
+        # No row for this month yet (or no room): make sure the row exists and try once more.
+        row = {"tenant_id": tenant_id, "period": period, "used": 0, "reserved": 0}
+        await session.execute(insert_ignore(self._db, TokenBudget, [row]))
+        if (await session.execute(stmt)).rowcount == 1:  # type: ignore[attr-defined]
             return
         spent = await session.scalar(
             select(TokenBudget.used + TokenBudget.reserved).where(

@@ -32,6 +32,7 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_S = 3.0  # opening a PostgreSQL connection
 COMMAND_TIMEOUT_S = 10.0  # one PostgreSQL statement
 POOL_TIMEOUT_S = 5.0  # waiting for a pooled connection
+SQLITE_POOL_TIMEOUT_S = 30.0  # waiting for SQLite's one connection (a queue, not a failure)
 # SQLSTATE classes of a server that cannot serve: connection exceptions, insufficient resources,
 # operator intervention (shutting down, starting up).
 UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
@@ -110,7 +111,13 @@ class Database:
     ) -> Database:
         parsed = make_url(url)
         if parsed.drivername == "sqlite+aiosqlite":
-            engine = create_async_engine(url)
+            # One connection: every transaction takes SQLite's write lock up front (see
+            # _sqlite_on_begin), so more connections would only queue on the lock through
+            # SQLite's busy handler, which sleeps between retries; the pool's queue hands
+            # the connection on as soon as it is returned, in arrival order.
+            engine = create_async_engine(
+                url, pool_size=1, max_overflow=0, pool_timeout=SQLITE_POOL_TIMEOUT_S
+            )
             event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
             event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
         elif parsed.drivername == "postgresql+asyncpg":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
 from datetime import timedelta
 
@@ -47,6 +48,9 @@ class KeyService:
         self._secret = server_secret
         self._cache = cache
         self._clock = clock
+        # Lookups in flight by key hash: requests arriving together with a key that is not
+        # cached share one database query instead of sending one each.
+        self._lookups: dict[str, asyncio.Future[AuthContext]] = {}
 
     async def create_key(
         self, tenant_id: str, name: str = "default", *, actor: str = "admin"
@@ -126,11 +130,30 @@ class KeyService:
         key_hash = hash_key(self._secret, secret)
         ctx = self._cache.get(key_hash)
         if ctx is None:
-            ctx = await self._lookup(prefix, secret)
-            self._cache.put(key_hash, ctx)
+            ctx = await self._shared_lookup(key_hash, prefix, secret)
         if ctx.status != "active":
             raise TenantSuspendedError(f"tenant {ctx.tenant_id} is {ctx.status}")
         return ctx
+
+    async def _shared_lookup(self, key_hash: str, prefix: str, secret: str) -> AuthContext:
+        lookup = self._lookups.get(key_hash)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._lookup_and_cache(key_hash, prefix, secret))
+            self._lookups[key_hash] = lookup
+            lookup.add_done_callback(lambda done: self._lookup_done(key_hash, done))
+        # Shielded: one caller giving up does not cancel the others' lookup.
+        return await asyncio.shield(lookup)
+
+    async def _lookup_and_cache(self, key_hash: str, prefix: str, secret: str) -> AuthContext:
+        ctx = await self._lookup(prefix, secret)
+        self._cache.put(key_hash, ctx)
+        return ctx
+
+    def _lookup_done(self, key_hash: str, done: asyncio.Future[AuthContext]) -> None:
+        if self._lookups.get(key_hash) is done:
+            del self._lookups[key_hash]
+        if not done.cancelled():
+            done.exception()  # retrieved here too, in case every caller has given up
 
     async def refused_keys(self, key_ids: Collection[str]) -> dict[str, str]:
         """Of ``key_ids``, those that would be refused now: ``"revoked"`` (also for a key that

@@ -121,3 +121,32 @@ def test_monthly_budget_reserves_then_charges_actual_usage(open_domain) -> None:
             await domain.admission.admit(ctx, "c", 50, 50)  # exactly at the budget
 
     asyncio.run(body())
+
+
+def test_a_burst_of_admissions_and_settlements_is_exact(open_domain) -> None:
+    """Forty requests admitted at once (SQLite: queued for its one connection), then settled at
+    once: every one gets a slot up to the cap, the budget reserves and charges each exactly."""
+
+    async def body() -> None:
+        async with open_domain() as domain:
+            ctx = await _tenant(domain, max_concurrent_requests=32, monthly_token_budget=10_000)
+            results = await asyncio.gather(
+                *(domain.admission.admit(ctx, f"b{i}", 100, 10) for i in range(40)),
+                return_exceptions=True,
+            )
+            admitted = [r for r in results if not isinstance(r, BaseException)]
+            refused = [r for r in results if isinstance(r, QuotaExceededError)]
+            assert len(admitted) == 32 and len(refused) == 8
+            assert {r.reason for r in refused} == {"max_concurrent_requests"}
+            usage = Usage(prompt_tokens=100, completion_tokens=5)
+            settled = await asyncio.gather(*(domain.admission.settle(a, usage) for a in admitted))
+            assert all(settled)
+            # Every slot is free again and the month holds exactly 32 x 105 used, nothing
+            # reserved: the rest of the budget fits one request to the token, not one more.
+            rest = 10_000 - 32 * 105
+            await domain.admission.admit(ctx, "x", rest - 40, 40)
+            with pytest.raises(QuotaExceededError) as over:
+                await domain.admission.admit(ctx, "y", 1, 0)
+            assert (over.value.reason, over.value.remaining_tokens) == ("monthly_token_budget", 0)
+
+    asyncio.run(body())

@@ -76,3 +76,41 @@ def test_suspended_tenant_is_refused_and_deleted_tenant_loses_its_keys(open_doma
                 await domain.keys.authenticate(secret)
 
     asyncio.run(body())
+
+
+def test_concurrent_requests_with_an_uncached_key_share_one_lookup(open_domain) -> None:
+    """A burst of requests with a key not in the cache (its entries live at most a second)
+    sends one database query, and every request gets its answer: the context, or the error."""
+
+    async def body() -> None:
+        async with open_domain() as domain:
+            tenant = await domain.tenants.create(TenantCreate(name="acme"))
+            info, secret = await domain.keys.create_key(tenant.id)
+            keys = domain.keys
+            lookup = keys._lookup
+            calls: list[str] = []
+
+            async def counted(prefix: str, key: str) -> object:
+                calls.append(prefix)
+                await asyncio.sleep(0.05)  # the others arrive while it runs
+                return await lookup(prefix, key)
+
+            keys._lookup = counted  # type: ignore[method-assign]
+            ctxs = await asyncio.gather(*(keys.authenticate(secret) for _ in range(12)))
+            assert len(calls) == 1
+            assert {(c.tenant_id, c.key_id) for c in ctxs} == {(tenant.id, info.id)}
+            # One caller giving up does not cancel the lookup the others wait on.
+            keys._cache.drop_key(info.id)
+            leaver = asyncio.ensure_future(keys.authenticate(secret))
+            stayer = asyncio.ensure_future(keys.authenticate(secret))
+            await asyncio.sleep(0.01)
+            leaver.cancel()
+            assert (await stayer).key_id == info.id and len(calls) == 2
+            # An unknown key: every caller gets the error, from one lookup.
+            forged = secret[:-1] + ("a" if secret[-1] != "a" else "b")
+            results = await asyncio.gather(
+                *(keys.authenticate(forged) for _ in range(5)), return_exceptions=True
+            )
+            assert all(isinstance(r, InvalidKeyError) for r in results) and len(calls) == 3
+
+    asyncio.run(body())
