@@ -10,6 +10,7 @@ indices, decode page tables or gather index and mask, each chunk's causal mask) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
@@ -86,9 +87,7 @@ class _PageTables:
     kv_lens: torch.Tensor  # [num_decodes] int32
 
     def to(self, device: torch.device) -> _PageTables:
-        if device.type != "cpu":
-            raise ValueError(f"the native decode kernel runs on the CPU, not {device}")
-        return self
+        return _on_cpu(self, device)
 
 
 @dataclass(slots=True)
@@ -100,6 +99,19 @@ class _ChunkTables:
     q_lens: torch.Tensor  # [num_chunks] int32
     page_starts: torch.Tensor  # [num_chunks] int32: each chunk's first entry in ``pages``
     kv_lens: torch.Tensor  # [num_chunks] int32
+
+    def to(self, device: torch.device) -> _ChunkTables:
+        return _on_cpu(self, device)
+
+
+_T = TypeVar("_T")
+
+
+def _on_cpu(tables: _T, device: torch.device) -> _T:
+    """The native kernels' tables stay where they are built: on the CPU, where they run."""
+    if device.type != "cpu":
+        raise ValueError(f"the native attention kernels run on the CPU, not {device}")
+    return tables
 
 
 @dataclass(slots=True)
@@ -154,14 +166,15 @@ class TorchAttentionBackend(AttentionBackend):
         write_rows = (slots // ps) * (2 * ps) + slots % ps
         qo_indptr = meta.qo_indptr.tolist()
         kv_indptr = meta.kv_indptr.tolist()
-        pages = meta.kv_indices.to(torch.int64)
         decode_seqs = [i for i, n in enumerate(meta.qo_lens) if n == 1]
         chunk_seqs = [i for i, n in enumerate(meta.qo_lens) if n > 1]
         chunk_tables = None
+        chunks: list[_Chunk] = []
         if chunk_seqs and self._chunk_kernel is not None:
-            chunk_tables = _chunk_tables(meta, chunk_seqs, qo_indptr, kv_indptr)
-            chunk_seqs = []
-        chunks = [self._plan_chunk(meta, i, qo_indptr, kv_indptr, pages) for i in chunk_seqs]
+            chunk_tables = _chunk_tables(meta, chunk_seqs, qo_indptr, kv_indptr).to(device)
+        elif chunk_seqs:
+            pages = meta.kv_indices.to(torch.int64)
+            chunks = [self._plan_chunk(meta, i, qo_indptr, kv_indptr, pages) for i in chunk_seqs]
         decode_rows = torch.tensor([qo_indptr[i] for i in decode_seqs], dtype=torch.int64)
         decodes: _PageTables | _Keys | _Cascade | None = None
         if decode_seqs and self._kernel is not None:
@@ -301,18 +314,12 @@ def _chunk_tables(
     meta: AttentionMetadata, chunk_seqs: list[int], qo_indptr: list[int], kv_indptr: list[int]
 ) -> _ChunkTables:
     """The prefill chunks' rows and tables, read in place from the step's ``kv_indices``."""
-
-    def column(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32)
-
-    if meta.slot_mapping.device.type != "cpu":
-        raise ValueError(f"the native chunk kernel runs on the CPU, not {meta.slot_mapping.device}")
     return _ChunkTables(
         meta.kv_indices.contiguous(),
-        column([qo_indptr[i] for i in chunk_seqs]),
-        column([meta.qo_lens[i] for i in chunk_seqs]),
-        column([kv_indptr[i] for i in chunk_seqs]),
-        column([meta.kv_lens[i] for i in chunk_seqs]),
+        _int32([qo_indptr[i] for i in chunk_seqs]),
+        _int32([meta.qo_lens[i] for i in chunk_seqs]),
+        _int32([kv_indptr[i] for i in chunk_seqs]),
+        _int32([meta.kv_lens[i] for i in chunk_seqs]),
     )
 
 
@@ -320,9 +327,15 @@ def _decode_page_tables(
     meta: AttentionMetadata, decode_seqs: list[int], kv_indptr: list[int]
 ) -> _PageTables:
     """The decodes' tables, read in place from the step's ``kv_indices``."""
-    starts = torch.tensor([kv_indptr[i] for i in decode_seqs], dtype=torch.int32)
-    kv_lens = torch.tensor([meta.kv_lens[i] for i in decode_seqs], dtype=torch.int32)
-    return _PageTables(meta.kv_indices.contiguous(), starts, kv_lens)
+    return _PageTables(
+        meta.kv_indices.contiguous(),
+        _int32([kv_indptr[i] for i in decode_seqs]),
+        _int32([meta.kv_lens[i] for i in decode_seqs]),
+    )
+
+
+def _int32(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
 
 
 # A cascade costs a dozen more small kernels per layer; it pays off once it spares reading

@@ -29,12 +29,9 @@
 #include "bf16.h"
 #include "vec.h"
 
-#define ATRIUM_DTYPE_BFLOAT16 1
-
 #define ROWS 48 /* query rows (positions x group heads) of one item: NV vectors of 16 */
 #define NV (ROWS / 16)
 #define KB 16       /* keys per block */
-#define MAX_GROUP 16
 
 typedef struct {
     const char *q;
@@ -72,24 +69,6 @@ static void scratch_bind(scratch_t *w, float *base, int head_dim) {
     w->lim = (int *)(w->alpha + ROWS);
 }
 
-/* The cache rows of K for tokens pos .. pos + n - 1 of a sequence (n <= KB): one division,
- * then page by page. V of each lies ``v_offset`` elements further. */
-static inline void key_rows(const args_t *a, const int32_t *table, int pos, int n, int kvh,
-                            int D, size_t elem, const char **rows) {
-    const int64_t tok_stride = (int64_t)a->num_kv_heads * D;
-    const int64_t page_stride = 2 * (int64_t)a->page_size * tok_stride;
-    int page = pos / a->page_size, off = pos % a->page_size;
-    for (int j = 0; j < n; j++) {
-        rows[j] = a->cache +
-                  ((size_t)table[page] * page_stride + (size_t)off * tok_stride + (size_t)kvh * D) *
-                      elem;
-        if (++off == a->page_size) {
-            off = 0;
-            page++;
-        }
-    }
-}
-
 /* One tile: ``tq`` query positions from position ``pos0`` of a chunk whose first token is
  * row ``row0`` of q/out; one KV head. ``D``, ``BF`` and ``DP`` (bfloat16 pair dot products:
  * Q, K, P and V multiplied as bfloat16 pairs, products exact, sums in float32, nothing
@@ -100,7 +79,9 @@ static inline __attribute__((always_inline)) void attend_tile(
     const size_t elem = BF ? 2 : 4;
     const int G = a->group;
     const int R = tq * G;
+    const int64_t tok_bytes = (int64_t)a->num_kv_heads * D * (int64_t)elem;
     const int64_t v_offset = (int64_t)a->page_size * a->num_kv_heads * D;
+    const char *head = a->cache + (size_t)kvh * D * elem; /* this KV head's K in a page */
     const int first_lim = kv_len - qo_len + pos0; /* last key the tile's first query sees */
     const int kv_end = first_lim + tq;            /* keys any row of the tile sees */
     /* Float layouts: qt [D][ROWS], ot [D][ROWS], kb/vb [KB][D], s [KB][ROWS]. With DP, qt
@@ -139,7 +120,8 @@ static inline __attribute__((always_inline)) void attend_tile(
         const int nk = kv_end - k0 < KB ? kv_end - k0 : KB;
         const int nk4 = (nk + 3) & ~3;
         const char *krow[KB];
-        key_rows(a, table, k0, nk, kvh, D, elem, krow);
+        paged_rows(head, table, k0, nk, a->page_size, tok_bytes, 2 * v_offset * (int64_t)elem,
+                   krow);
 
         /* Scores, four keys at a time against all rows: s[j][r] = scale * k_j . q_r. */
         if (DP) {
@@ -305,7 +287,7 @@ int atrium_chunk_attention(
     int num_chunks, int num_heads, int num_kv_heads, int head_dim, int page_size, float scale,
     int dtype, int num_threads) {
     const int G = num_heads / num_kv_heads;
-    if (head_dim % 16 || head_dim > ATRIUM_MAX_DIM || G > MAX_GROUP || G * num_kv_heads != num_heads)
+    if (head_dim % 16 || head_dim > ATRIUM_MAX_DIM || G > ATRIUM_MAX_GROUP || G * num_kv_heads != num_heads)
         return -2;
     const int tq = ROWS / G; /* query positions per tile */
     int64_t tiles = 0;
@@ -313,8 +295,8 @@ int atrium_chunk_attention(
         if (q_lens[c] < 1 || kv_lens[c] < q_lens[c]) return -3;
         tiles += (q_lens[c] + tq - 1) / tq;
     }
-    /* Tiles in order of decreasing work (a chunk's last tiles see the most keys) are handed
-     * out first, so the threads finish together. */
+    /* Each chunk's tiles last to first: a chunk's last tiles see the most keys, so the longer
+     * items are handed out before the shorter ones and the threads finish closer together. */
     int32_t *tile_chunk = malloc(sizeof(int32_t) * (size_t)(tiles ? tiles : 1));
     int32_t *tile_index = malloc(sizeof(int32_t) * (size_t)(tiles ? tiles : 1));
     int failed = tile_chunk == NULL || tile_index == NULL;

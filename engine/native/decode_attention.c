@@ -23,10 +23,6 @@
 #include "bf16.h"
 #include "vec.h"
 
-#define ATRIUM_DTYPE_FLOAT32 0
-#define ATRIUM_DTYPE_BFLOAT16 1
-
-#define MAX_GROUP 16   /* query heads per KV head handled in registers-or-stack */
 #define MAX_CHUNKS (ATRIUM_MAX_DIM / 16) /* head_dim / 16 */
 
 typedef struct {
@@ -71,23 +67,6 @@ static inline vf16 reduce16(const vf16 a[16]) {
 }
 
 #if ATRIUM_DPBF16
-/* The cache rows of tokens pos .. pos + n - 1 (n <= 16; none when n <= 0) for the K head at
- * ``cache_b``: one division per call, then page by page. */
-static inline void token_rows(const char *cache_b, const int32_t *table, int pos, int n,
-                              const shape_t *s, int row_bytes, const char **rows) {
-    if (n <= 0) return;
-    const int64_t tok_bytes = (int64_t)s->num_kv_heads * row_bytes;
-    const int64_t page_bytes = 2 * (int64_t)s->page_size * tok_bytes;
-    int page = pos / s->page_size, off = pos % s->page_size;
-    for (int t = 0; t < n; t++) {
-        rows[t] = cache_b + (size_t)table[page] * page_bytes + (size_t)off * tok_bytes;
-        if (++off == s->page_size) {
-            off = 0;
-            page++;
-        }
-    }
-}
-
 /* bfloat16 scores of G query heads against every cached token, sixteen tokens at a time: each
  * dot product is D / 32 pair-dot instructions on the raw bfloat16 rows (products exact, sums in
  * float32), the sixteen tokens' partial sums reduced together. Scores are rounded to bfloat16
@@ -97,7 +76,8 @@ static inline __attribute__((always_inline)) void score_dpbf16(
     const shape_t *s, const int G, const int D, float *scores) {
     const int C2 = D / 32;
     const int64_t tok_stride = (int64_t)s->num_kv_heads * D;
-    __m512bh qb[MAX_GROUP][MAX_CHUNKS / 2];
+    const int64_t tok_bytes = 2 * tok_stride, page_bytes = 2 * s->page_size * tok_bytes;
+    __m512bh qb[ATRIUM_MAX_GROUP][MAX_CHUNKS / 2];
     for (int g = 0; g < G; g++)
         for (int c = 0; c < C2; c++)
             qb[g][c] = (__m512bh)_mm512_loadu_si512(
@@ -105,12 +85,12 @@ static inline __attribute__((always_inline)) void score_dpbf16(
     for (int t0 = 0; t0 < kv_len; t0 += 16) {
         const int n = kv_len - t0 < 16 ? kv_len - t0 : 16;
         const uint16_t *k[16];
-        token_rows(cache_b, table, t0, n, s, D * 2, (const char **)k);
+        paged_rows(cache_b, table, t0, n, s->page_size, tok_bytes, page_bytes, (const char **)k);
         /* The cache is read once per item, page by scattered page: fetch the next block's K
          * and this block's V (read by the value pass) ahead of use. */
         const char *next[16];
         const int n_next = kv_len - t0 - 16 < 16 ? kv_len - t0 - 16 : 16;
-        token_rows(cache_b, table, t0 + 16, n_next, s, D * 2, next);
+        paged_rows(cache_b, table, t0 + 16, n_next, s->page_size, tok_bytes, page_bytes, next);
         for (int t = 0; t < n_next; t++)
             for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(next[t] + line, 0, 3);
         for (int t = 0; t < n; t++)
@@ -151,38 +131,38 @@ static inline __attribute__((always_inline)) void attend_item(
     const int64_t page_stride = 2 * v_offset;
     const char *cache_b = (const char *)cache + (size_t)kvh * D * elem;
     const int kv_pad = (kv_len + 15) & ~15; /* each head's scores, padded to whole vectors */
-    vf16 qv[MAX_GROUP][MAX_CHUNKS];
-    vf16 acc[MAX_GROUP][MAX_CHUNKS];
+    const int dp = ATRIUM_DPBF16 && bf16 && D % 32 == 0; /* bfloat16 pair dot products */
+    vf16 acc[ATRIUM_MAX_GROUP][MAX_CHUNKS];
 
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < C; c++)
-            qv[g][c] = load16((const char *)q_seq + ((size_t)(kvh * G + g) * D + 16 * c) * elem,
-                              bf16);
-
-    /* Scores of every query head of the group against every cached token, page by page. */
+    /* Scores of every query head of the group against every cached token. */
+    if (dp) {
 #if ATRIUM_DPBF16
-    if (bf16 && D % 32 == 0) {
         score_dpbf16(q_seq, cache_b, table, kv_len, kv_pad, kvh, s, G, D, scores);
-    } else
 #endif
-    for (int t = 0, page = 0; t < kv_len; page++) {
-        const char *k = cache_b + (size_t)table[page] * page_stride * elem;
-        const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
-        for (; t < end; t++, k += tok_stride * elem) {
-            vf16 kc[MAX_CHUNKS];
-            for (int c = 0; c < C; c++) kc[c] = load16(k + 16 * c * elem, bf16);
-            for (int g = 0; g < G; g++) {
-                vf16 a = qv[g][0] * kc[0];
-                for (int c = 1; c < C; c++) a += qv[g][c] * kc[c];
-                float dot = hsum16(a);
-                if (bf16) dot = bf16_round(dot);
-                scores[(int64_t)g * kv_pad + t] = dot * s->scale;
+    } else {
+        vf16 qv[ATRIUM_MAX_GROUP][MAX_CHUNKS];
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < C; c++)
+                qv[g][c] = load16(
+                    (const char *)q_seq + ((size_t)(kvh * G + g) * D + 16 * c) * elem, bf16);
+        for (int t = 0, page = 0; t < kv_len; page++) {
+            const char *k = cache_b + (size_t)table[page] * page_stride * elem;
+            const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
+            for (; t < end; t++, k += tok_stride * elem) {
+                vf16 kc[MAX_CHUNKS];
+                for (int c = 0; c < C; c++) kc[c] = load16(k + 16 * c * elem, bf16);
+                for (int g = 0; g < G; g++) {
+                    vf16 a = qv[g][0] * kc[0];
+                    for (int c = 1; c < C; c++) a += qv[g][c] * kc[c];
+                    float dot = hsum16(a);
+                    if (bf16) dot = bf16_round(dot);
+                    scores[(int64_t)g * kv_pad + t] = dot * s->scale;
+                }
             }
         }
-    }
-    if (!(ATRIUM_DPBF16 && bf16 && D % 32 == 0))
         for (int g = 0; g < G; g++)
             for (int t = kv_len; t < kv_pad; t++) scores[(int64_t)g * kv_pad + t] = -INFINITY;
+    }
 
     /* Softmax per query head, in float32, sixteen scores at a time (the -inf padding gives 0). */
     for (int g = 0; g < G; g++) {
@@ -206,15 +186,16 @@ static inline __attribute__((always_inline)) void attend_item(
     /* Probability-weighted sum of V, accumulated in float32. */
     for (int g = 0; g < G; g++)
         for (int c = 0; c < C; c++) acc[g][c] = (vf16){0};
+    if (dp) {
 #if ATRIUM_DPBF16
-    if (bf16 && D % 32 == 0) {
         /* Two tokens per pair dot product: their V rows interleaved, their probabilities
          * (bfloat16 values already) paired; the padding past kv_len has probability 0. */
         const char *v_base = cache_b + v_offset * elem;
         for (int t0 = 0; t0 < kv_len; t0 += 16) {
             const int n = kv_len - t0 < 16 ? kv_len - t0 : 16;
             const char *rows[16];
-            token_rows(v_base, table, t0, n, s, D * 2, rows);
+            paged_rows(v_base, table, t0, n, s->page_size, tok_stride * 2, page_stride * 2,
+                       rows);
             for (int t = 0; t < n; t += 2) {
                 uint32_t vp[ATRIUM_MAX_DIM];
                 pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D, vp);
@@ -230,17 +211,18 @@ static inline __attribute__((always_inline)) void attend_item(
                 }
             }
         }
-    } else
 #endif
-    for (int t = 0, page = 0; t < kv_len; page++) {
-        const char *v = cache_b + ((size_t)table[page] * page_stride + v_offset) * elem;
-        const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
-        for (; t < end; t++, v += tok_stride * elem) {
-            vf16 vc[MAX_CHUNKS];
-            for (int c = 0; c < C; c++) vc[c] = load16(v + 16 * c * elem, bf16);
-            for (int g = 0; g < G; g++) {
-                const float p = scores[(int64_t)g * kv_pad + t];
-                for (int c = 0; c < C; c++) acc[g][c] += p * vc[c];
+    } else {
+        for (int t = 0, page = 0; t < kv_len; page++) {
+            const char *v = cache_b + ((size_t)table[page] * page_stride + v_offset) * elem;
+            const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
+            for (; t < end; t++, v += tok_stride * elem) {
+                vf16 vc[MAX_CHUNKS];
+                for (int c = 0; c < C; c++) vc[c] = load16(v + 16 * c * elem, bf16);
+                for (int g = 0; g < G; g++) {
+                    const float p = scores[(int64_t)g * kv_pad + t];
+                    for (int c = 0; c < C; c++) acc[g][c] += p * vc[c];
+                }
             }
         }
     }
@@ -271,7 +253,7 @@ int atrium_decode_attention(
     int dtype, int num_threads) {
     const shape_t s = {num_heads, num_kv_heads, page_size, scale};
     const int G = num_heads / num_kv_heads;
-    if (head_dim % 16 || head_dim > 16 * MAX_CHUNKS || G > MAX_GROUP || G * num_kv_heads != num_heads)
+    if (head_dim % 16 || head_dim > 16 * MAX_CHUNKS || G > ATRIUM_MAX_GROUP || G * num_kv_heads != num_heads)
         return -2;
     const size_t elem = dtype == ATRIUM_DTYPE_BFLOAT16 ? 2 : 4;
     const int64_t items = (int64_t)num_decodes * num_kv_heads;

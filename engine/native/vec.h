@@ -1,6 +1,7 @@
-/* What the attention kernels in this folder share: whether the CPU has bfloat16 pair dot
- * products, a vector exp for softmax, sixteen-float vectors, loads that widen bfloat16
- * to float32, and the pairing of two bfloat16 rows for pair dot products. */
+/* What the attention kernels in this folder share: their limits, whether the CPU has bfloat16
+ * pair dot products, a vector exp for softmax, sixteen-float vectors, loads that widen bfloat16
+ * to float32, the rows of a run of tokens in the paged cache, and the pairing of two bfloat16
+ * rows for pair dot products. */
 #ifndef ATRIUM_VEC_H
 #define ATRIUM_VEC_H
 
@@ -15,7 +16,9 @@
 #define ATRIUM_DPBF16 0
 #endif
 
-#define ATRIUM_MAX_DIM 256 /* head_dim limit of the attention kernels (a multiple of 16) */
+#define ATRIUM_MAX_DIM 256  /* head_dim limit of the attention kernels (a multiple of 16) */
+#define ATRIUM_MAX_GROUP 16 /* query heads per KV head */
+#define ATRIUM_DTYPE_BFLOAT16 1 /* the kernels' dtype argument: 0 float32, 1 bfloat16 */
 
 /* A bfloat16 row of zeros, standing in for a token past the end of a pair. */
 static const uint16_t ATRIUM_ZERO_ROW[ATRIUM_MAX_DIM] = {0};
@@ -102,6 +105,24 @@ static inline vf16 vbf16_round(vf16 x) {
     const vu16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     const vi16 nan = (vi16)((u & 0x7fffffffu) > 0x7f800000u);
     return select16(nan, x, (vf16)rounded);
+}
+
+/* The cache rows of tokens pos .. pos + n - 1 of a sequence (none when n <= 0): ``base`` is
+ * where a page's first token row starts for the head wanted, rows lie ``tok_bytes`` apart in a
+ * page and pages ``page_bytes`` apart; ``table`` lists the sequence's pages. One division,
+ * then page by page. */
+static inline void paged_rows(const char *base, const int32_t *table, int pos, int n,
+                              int page_size, int64_t tok_bytes, int64_t page_bytes,
+                              const char **rows) {
+    if (n <= 0) return;
+    int page = pos / page_size, off = pos % page_size;
+    for (int t = 0; t < n; t++) {
+        rows[t] = base + (size_t)table[page] * page_bytes + (size_t)off * tok_bytes;
+        if (++off == page_size) {
+            off = 0;
+            page++;
+        }
+    }
 }
 
 typedef uint16_t vh32 __attribute__((vector_size(64)));

@@ -102,3 +102,16 @@ def csr(tables: list[list[int]], kv_lens: list[int]) -> tuple[torch.Tensor, ...]
         torch.tensor(starts, dtype=torch.int32),
         torch.tensor(kv_lens, dtype=torch.int32),
     )
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Exact attention of the last ``len(q)`` positions of a sequence: q [qo, heads, dim] over
+    k/v [kv, kv_heads, dim] (GQA), causal, in float64."""
+    qo, kv = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) / q.shape[-1] ** 0.5
+    visible = torch.arange(kv)[None, :] <= torch.arange(kv - qo, kv)[:, None]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)

@@ -19,7 +19,7 @@ from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.config import ModelConfig
 from engine.native.build import build_library, native_enabled
-from tests.support.paged import csr, filled_cache
+from tests.support.paged import causal_attention, csr, filled_cache
 
 KERNEL = load_decode_kernel()
 needs_kernel = pytest.mark.skipif(
@@ -29,11 +29,7 @@ needs_kernel = pytest.mark.skipif(
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """One decode: q [heads, dim] over k/v [kv_len, kv_heads, dim], in float64."""
-    group = q.shape[0] // k.shape[1]
-    k = k.double().repeat_interleave(group, 1)
-    v = v.double().repeat_interleave(group, 1)
-    scores = torch.einsum("hd,khd->hk", q.double(), k) / q.shape[-1] ** 0.5
-    return torch.einsum("hk,khd->hd", scores.softmax(-1), v)
+    return causal_attention(q[None], k, v)[0]
 
 
 @needs_kernel

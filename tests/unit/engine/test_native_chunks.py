@@ -11,33 +11,18 @@ import torch
 
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.native_attention import (
-    ChunkKernel,
-    DecodeKernel,
     load_chunk_kernel,
     load_decode_kernel,
     try_load_chunk_kernel,
     try_load_decode_kernel,
 )
 from engine.attention.torch_backend import TorchAttentionBackend
-from tests.support.paged import csr, filled_cache
+from tests.support.paged import causal_attention, csr, filled_cache
 
 KERNEL = load_chunk_kernel()
 needs_kernel = pytest.mark.skipif(
     KERNEL is None, reason="no C compiler here (the SDPA chunk path is tested without one)"
 )
-
-
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A chunk's last ``len(q)`` positions: q [qo, heads, dim] over k/v [kv, kv_heads, dim],
-    causal, in float64."""
-    qo, kv = q.shape[0], k.shape[0]
-    group = q.shape[1] // k.shape[1]
-    k = k.double().repeat_interleave(group, 1)
-    v = v.double().repeat_interleave(group, 1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), k) / q.shape[-1] ** 0.5
-    visible = torch.arange(kv)[None, :] <= torch.arange(kv - qo, kv)[:, None]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 def run_chunks(
@@ -73,7 +58,7 @@ def run_chunks(
     [(9, 3, 64), (8, 8, 64), (8, 2, 128), (10, 2, 32), (6, 2, 80), (32, 2, 16)],
 )
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_float32_chunks_match_reference(
+def test_float32_chunks_match_causal_attention(
     heads: int, kv_heads: int, dim: int, page_size: int
 ) -> None:
     """Group sizes 1 to 16 (48 to 3 query positions a tile), head sizes with and without a
@@ -86,7 +71,7 @@ def test_float32_chunks_match_reference(
     )
     row = 0
     for (_, n), k, v in zip(shapes, keys, values, strict=True):
-        expected = reference(q[row : row + n], k, v)
+        expected = causal_attention(q[row : row + n], k, v)
         torch.testing.assert_close(out[row : row + n].double(), expected, atol=3e-6, rtol=1e-5)
         row += n
 
@@ -121,7 +106,7 @@ def test_bfloat16_chunks_match_the_sdpa_path_and_exact_attention() -> None:
     torch.testing.assert_close(native_out.float(), sdpa_out.float(), atol=8e-3, rtol=1.6e-2)
     row = 0
     for (_, n), k, v in zip(shapes, keys, values, strict=True):
-        exact = reference(q[row : row + n], k, v)
+        exact = causal_attention(q[row : row + n], k, v)
         torch.testing.assert_close(native_out[row : row + n].double(), exact, atol=2e-2, rtol=2e-2)
         row += n
 
@@ -190,11 +175,6 @@ def test_inconsistent_or_unsupported_chunks_are_refused() -> None:
         )
 
 
-def test_the_chunk_kernel_supports_what_the_decode_kernel_does() -> None:
-    for args in [(torch.bfloat16, 9, 3, 64), (torch.float32, 4, 2, 8), (torch.float16, 4, 2, 64)]:
-        assert ChunkKernel.supports(*args) is DecodeKernel.supports(*args)
-
-
 def test_switched_off_means_no_chunk_kernel(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -228,7 +208,7 @@ def test_portable_and_pair_dot_builds_agree(tmp_path: Path) -> None:
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=8e-3, rtol=1.6e-2)
     row = 0
     for (_, n), k, v in zip(shapes, keys, values, strict=True):
-        exact = reference(q[row : row + n], k, v)
+        exact = causal_attention(q[row : row + n], k, v)
         for out in outs:
             torch.testing.assert_close(out[row : row + n].double(), exact, atol=2e-2, rtol=2e-2)
         row += n
