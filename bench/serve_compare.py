@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging, ratio
 from bench.loadgen import Target
 from bench.serve_plots import draw_plots
@@ -31,6 +33,7 @@ from bench.servers import (
     wait_ready,
 )
 from bench.text_workloads import TextShape, word_vocab
+from engine.device import resolve_dtype
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--flood-factor", type=int, default=10)
     add("--flood-concurrency", type=int, default=4, help="each normal tenant's; t0 has ×factor")
     add("--deadline", type=float, default=300.0, help="seconds per run at most")
+    add(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="both servers'; auto: what `atrium serve` picks on this machine",
+    )
     add("--model-dir", type=Path, default=DEFAULT_OUT_DIR / "smollm2-hf")
     add("--vllm-python", type=Path, default=Path("bench/.vllm-venv/bin/python"))
     add("--atrium-port", type=int, default=8311)
@@ -75,11 +84,13 @@ def run_server(name: str, args: argparse.Namespace, config: SuiteConfig) -> dict
         started = time.perf_counter()
         if name == "atrium":
             keys = create_tenant_keys(tenants, atrium_env(Path(tmp)))
-            server = start_atrium(args.model_dir, args.atrium_port, Path(tmp), log_dir)
+            server = start_atrium(args.model_dir, args.atrium_port, Path(tmp), log_dir, args.dtype)
             wait_ready(server, "/readyz", 600)
             target = Target(server.base_url, args.model_dir.name, keys, extra)
         else:
-            server = start_vllm(args.vllm_python, args.model_dir, args.vllm_port, log_dir)
+            server = start_vllm(
+                args.vllm_python, args.model_dir, args.vllm_port, log_dir, args.dtype
+            )
             wait_ready(server, "/health", 900)
             target = Target(server.base_url, "smollm2", {}, extra)
         startup_s = time.perf_counter() - started
@@ -119,6 +130,8 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dtype == "auto":
+        args.dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
     quiet_logging()
     export_model(args.model_dir)
     words = word_vocab(args.model_dir / "tokenizer.json")
@@ -142,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: run_server(name, args, config) for name in args.servers}
     report: dict[str, Any] = {
         "shape": repr(shape),
+        "dtype": args.dtype,
         "servers": results,
         "atrium_over_vllm": compare(results),
         "seconds": time.perf_counter() - started,

@@ -108,14 +108,18 @@ def create_tenant_keys(tenants: list[str], env: dict[str, str]) -> dict[str, str
     return keys
 
 
-def start_atrium(model_dir: Path, port: int, work_dir: Path, log_dir: Path) -> Server:
+def start_atrium(
+    model_dir: Path, port: int, work_dir: Path, log_dir: Path, dtype: str = "bfloat16"
+) -> Server:
     env = atrium_env(work_dir)
     argv = [sys.executable, "-m", "web.cli", "serve", "--host", HOST, "--port", str(port)]
-    argv += ["--model", str(model_dir), "--dtype", "bfloat16"]
+    argv += ["--model", str(model_dir), "--dtype", dtype]
     return _spawn("atrium", argv, env, log_dir / "atrium.log", f"http://{HOST}:{port}")
 
 
-def start_vllm(python: Path, model_dir: Path, port: int, log_dir: Path) -> Server:
+def start_vllm(
+    python: Path, model_dir: Path, port: int, log_dir: Path, dtype: str = "bfloat16"
+) -> Server:
     """vLLM's OpenAI server bound to both cores, prefix caching and chunked prefill on."""
     env = {
         **os.environ,
@@ -124,7 +128,7 @@ def start_vllm(python: Path, model_dir: Path, port: int, log_dir: Path) -> Serve
     }
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", "smollm2", "--host", HOST, "--port", str(port)]
-    argv += ["--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", str(MAX_NUM_SEQS)]
+    argv += ["--dtype", dtype, "--max-model-len", "8192", "--max-num-seqs", str(MAX_NUM_SEQS)]
     argv += ["--enable-prefix-caching", "--enable-chunked-prefill"]
     argv += ["--enable-prompt-tokens-details"]  # cached_tokens in usage, as Atrium reports
     return _spawn("vllm", argv, env, log_dir / "vllm.log", f"http://{HOST}:{port}")

@@ -44,12 +44,23 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     return torch.device("cuda", index)
 
 
+def cpu_has_bf16_dot() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX). Without either,
+    oneDNN widens bfloat16 to float32 inside every product, and bf16 projections run several
+    times slower than float32 ones."""
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
 def resolve_dtype(spec: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``auto`` is bfloat16 on CUDA (FlashInfer's fast path) and float32 on CPU."""
+    """``auto`` is bfloat16 on CUDA (FlashInfer's fast path) and on a CPU with native bfloat16
+    products, float32 on any other CPU."""
     if isinstance(spec, torch.dtype):
         dtype = spec
     elif spec == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        native = device.type == "cuda" or cpu_has_bf16_dot()
+        dtype = torch.bfloat16 if native else torch.float32
     elif spec in _DTYPES:
         dtype = _DTYPES[spec]
     else:

@@ -60,7 +60,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
-        dtype=settings.dtype,
+        dtype=settings.resolved_dtype,
         device=device,
     )
     if settings.engine_process:
@@ -71,7 +71,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         tokenizer, _ = await asyncio.to_thread(load_tokenizer, settings.model)
         spec = EngineSpec(
             model=settings.model,
-            dtype=settings.dtype,
+            dtype=config.dtype,
             config=config,
             torch_threads=settings.torch_threads,
             setup=functools.partial(configure_logging, settings.log_level),
@@ -89,7 +89,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
         loaded = await asyncio.to_thread(
-            load_model, settings.model, getattr(torch, settings.dtype), device
+            load_model, settings.model, getattr(torch, config.dtype), device
         )
         llm = await asyncio.to_thread(
             LLMEngine, loaded, config, prefix_cache_factory=RadixPrefixCache

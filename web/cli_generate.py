@@ -51,8 +51,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        default=env_default("ATRIUM_DTYPE", "bfloat16"),
-        choices=["bfloat16", "float16", "float32"],
+        default=env_default("ATRIUM_DTYPE", "auto"),
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="auto: bfloat16 on CPUs with native bfloat16 products, else float32",
     )
 
 
@@ -69,6 +70,7 @@ def run_generate(args: argparse.Namespace) -> int:
 async def _generate(args: argparse.Namespace) -> str:
     import torch
 
+    from engine.device import resolve_dtype
     from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
 
@@ -76,13 +78,14 @@ async def _generate(args: argparse.Namespace) -> str:
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
     params.validate()  # fail before loading the model
-    loaded = load_model(args.model, dtype=getattr(torch, args.dtype))
+    dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    loaded = load_model(args.model, dtype=dtype)
     tokenizer = loaded.tokenizer
     if args.raw:
         prompt_ids = tokenizer.encode(args.prompt)
     else:
         prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-    engine = AsyncEngine(LLMEngine(loaded, EngineConfig(dtype=args.dtype)))
+    engine = AsyncEngine(LLMEngine(loaded, EngineConfig(dtype=str(dtype).removeprefix("torch."))))
     engine.start()
     pieces: list[str] = []
     try:

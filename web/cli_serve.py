@@ -61,7 +61,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
     parser.add_argument("--model", default=None, help="'default' or a model dir / .gguf file")
-    parser.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="auto (default): bfloat16 on CUDA and on CPUs with native bfloat16, else float32",
+    )
     parser.add_argument("--database-url", dest="database_url", default=None)
     parser.add_argument("--device", default=None, help="auto, cpu or cuda")
     parser.add_argument(

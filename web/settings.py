@@ -21,7 +21,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "default"
-    dtype: str = "bfloat16"
+    # auto: bfloat16 on CUDA and on CPUs with native bfloat16 products, else float32.
+    dtype: str = "auto"
     device: str = "auto"
     database_url: str = "sqlite+aiosqlite:///./atrium.db"
     admin_token: str | None = None
@@ -47,8 +48,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError("port must be between 0 and 65535")
-        if self.dtype not in ("bfloat16", "float16", "float32"):
-            raise SettingsError("dtype must be bfloat16, float16 or float32")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise SettingsError("dtype must be auto, bfloat16, float16 or float32")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise SettingsError("device must be auto, cpu or cuda")
         positive = {
@@ -75,6 +76,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def resolved_dtype(self) -> str:
+        """``auto`` resolved for the device (``engine.device.resolve_dtype``)."""
+        if self.dtype != "auto":
+            return self.dtype
+        import torch
+
+        from engine.device import resolve_dtype
+
+        device = torch.device(self.resolved_device)
+        return str(resolve_dtype("auto", device)).removeprefix("torch.")
 
     @classmethod
     def load(

@@ -1,10 +1,10 @@
 """The Llama-family decoder (Llama, Mistral, SmolLM, Qwen2) over a flattened, unpadded batch.
 
 Each layer is a handful of kernels: fused QKV and gate/up matmuls, RoPE on Q and K together in
-place, and the residual adds folded into the output projections (``addmm``). On CPU in bf16 the
-projection weights are also kept pre-packed for oneDNN (``packed_linear``), which gives the same
-results faster, and RMSNorm and RoPE run as one C pass each (``native_ops``) where the C
-compiler is available.
+place, and the residual adds folded into the output projections (``addmm``). On CPU the
+projection weights are also kept pre-packed for oneDNN (``packed_linear``; bf16 and float32),
+which gives the same results (float32: to rounding) faster, and in bf16 RMSNorm and RoPE run as
+one C pass each (``native_ops``) where the C compiler is available.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class LlamaForCausalLM(nn.Module):
                 module.native = ops
 
     def pack_weights(self) -> bool:
-        """Keep a oneDNN-packed copy of every projection where that applies (bf16 on CPU);
+        """Keep a oneDNN-packed copy of every projection where that applies (CPU, bf16 or float32);
         the parameters stay as they are (state dict, export). Returns whether it applied."""
         if pack(self.output_weight) is None:
             return False

@@ -14,7 +14,12 @@ from bench import gpu_bench
 from engine.attention.flashinfer_backend import flashinfer_wrapper, load_flashinfer
 from engine.attention.registry import BackendUnavailableError, backend_name_for, create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
-from engine.device import DeviceUnavailableError, resolve_device, resolve_dtype
+from engine.device import (
+    DeviceUnavailableError,
+    cpu_has_bf16_dot,
+    resolve_device,
+    resolve_dtype,
+)
 from engine.model.config import ModelConfig
 
 MODEL = ModelConfig(
@@ -64,9 +69,18 @@ def test_unknown_devices_are_rejected(spec: str) -> None:
         resolve_device(spec)
 
 
-def test_dtype_auto_follows_the_device() -> None:
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+def test_dtype_auto_follows_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
+    for avx512_bf16, amx, expected in [
+        (True, False, torch.bfloat16),
+        (False, True, torch.bfloat16),
+        (False, False, torch.float32),  # bf16 would be widened inside every product
+    ]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert cpu_has_bf16_dot() == (expected == torch.bfloat16)
+        assert resolve_dtype("auto", torch.device("cpu")) == expected
+        assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
     assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("int8", torch.device("cpu"))

@@ -1,4 +1,5 @@
-"""Pre-packed projections give bit-identical results to the plain ones, per layer and per model."""
+"""Pre-packed projections give the plain ones' results (bf16: bit-identical; float32: to
+rounding), per layer and per model."""
 
 from __future__ import annotations
 
@@ -15,14 +16,35 @@ from engine.model.packed_linear import pack, packing_supported, project, project
 from tests.support.paged import PagedRunner, PagedSeq
 
 BF16_PACKING = packing_supported(torch.empty(1, dtype=torch.bfloat16))
+F32_PACKING = packing_supported(torch.empty(1, dtype=torch.float32))
 needs_packing = pytest.mark.skipif(
     not BF16_PACKING, reason="this CPU's oneDNN has no bf16 kernels: the plain path is used"
 )
+needs_f32_packing = pytest.mark.skipif(
+    not F32_PACKING, reason="torch was built without oneDNN: the plain path is used"
+)
 
 
-def test_only_bf16_cpu_weights_are_packed() -> None:
-    assert pack(torch.randn(8, 4)) is None  # float32 keeps the plain path
+def test_bf16_and_float32_cpu_weights_are_packed_float16_is_not() -> None:
+    assert pack(torch.randn(8, 4).half()) is None
     assert (pack(torch.randn(8, 4).bfloat16()) is not None) == BF16_PACKING
+    assert (pack(torch.randn(8, 4)) is not None) == F32_PACKING
+    assert torch.backends.mkldnn.is_available() == F32_PACKING  # type: ignore[no-untyped-call]
+
+
+@needs_f32_packing
+@pytest.mark.parametrize("num_tokens", [1, 3, 16, 77, 600])
+def test_packed_float32_projections_agree_with_linear_and_addmm(num_tokens: int) -> None:
+    torch.manual_seed(num_tokens)
+    weight, bias = torch.randn(96, 64), torch.randn(96)
+    x = torch.randn(num_tokens, 128)[:, :64]  # a strided view, as the model passes
+    residual = torch.randn(num_tokens, 96)
+    packed = pack(weight)
+    assert packed is not None
+    tight = {"rtol": 1e-5, "atol": 1e-5}  # another summation order, nothing more
+    torch.testing.assert_close(project(x, weight, packed, bias), linear(x, weight, bias), **tight)
+    expected = torch.addmm(residual, x, weight.t())
+    torch.testing.assert_close(project_add(x, weight, packed, residual), expected, **tight)
 
 
 @needs_packing
@@ -67,3 +89,23 @@ def test_a_packed_bf16_model_gives_the_same_logits_as_the_plain_one(tiny_llama_d
             runner.step([seq], [n])
         logits.append(torch.stack(seq.logits))
     assert torch.equal(logits[0], logits[1])
+
+
+@needs_f32_packing
+def test_a_packed_float32_model_agrees_with_the_plain_one(tiny_llama_dir: Path) -> None:
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32).model
+    assert model.output_packed is not None  # packed at load
+    tokens = [
+        int(t) for t in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(4))
+    ]
+    logits = []
+    for packed in (True, False):
+        if not packed:
+            unpack(model)
+        runner = PagedRunner(model, TorchAttentionBackend(), num_pages=4, page_size=16)
+        seq = PagedSeq(tokens, [2, 0, 3, 1])
+        for n in [16, 7, 1, 1, 15]:
+            runner.step([seq], [n])
+        logits.append(torch.stack(seq.logits))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))

@@ -57,3 +57,18 @@ def test_torch_threads_come_from_the_environment_and_must_be_positive() -> None:
     assert Settings.load(environ={}).torch_threads is None
     with pytest.raises(SettingsError):
         Settings.load(environ={"ATRIUM_TORCH_THREADS": "0"})
+
+
+def test_dtype_auto_is_resolved_for_the_cpu_and_explicit_dtypes_are_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    settings = Settings.load({"device": "cpu"}, environ={})
+    assert settings.dtype == "auto"
+    for native, expected in [(True, "bfloat16"), (False, "float32")]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=native: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        assert settings.resolved_dtype == expected
+        explicit = Settings.load({"device": "cpu"}, environ={"ATRIUM_DTYPE": "bfloat16"})
+        assert explicit.resolved_dtype == "bfloat16"
