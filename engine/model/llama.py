@@ -3,8 +3,8 @@
 Each layer is a handful of kernels: fused QKV and gate/up matmuls, RoPE on Q and K together in
 place, and the residual adds folded into the output projections (``addmm``). On CPU the
 projection weights are also kept pre-packed for oneDNN (``packed_linear``; bf16 and float32),
-which gives the same results (float32: to rounding) faster, and in bf16 RMSNorm and RoPE run as
-one C pass each (``native_ops``) where the C compiler is available.
+which gives the same results (float32: to rounding) faster, and RMSNorm and RoPE run as one C
+pass each (``native_ops``) where the C compiler is available.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch.nn.functional import rms_norm, silu
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
+from engine.model.native_ops import DTYPES as NATIVE_DTYPES
 from engine.model.native_ops import NativeOps, load_native_ops
 from engine.model.packed_linear import pack, project, project_add
 from engine.model.rope import RopeTables, rope_cos_sin, rope_inplace, signed_sin
@@ -32,7 +33,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32, scale in the model dtype (as the reference implementation does).
-        if self.native is not None and x.dtype == torch.bfloat16:
+        if self.native is not None and x.dtype in NATIVE_DTYPES:
             return self.native.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             return rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -71,7 +72,7 @@ class Attention(nn.Module):
         qk_end = self.q_size + self.kv_size
         # Q and K heads side by side: one rotation for both, written back into ``qkv``.
         qk = qkv[:, :qk_end].view(n, -1, d)
-        if self.native is not None and qk.dtype == torch.bfloat16:
+        if self.native is not None and qk.dtype in NATIVE_DTYPES:
             self.native.rope(qk, rope.cos, rope.sin)
         else:
             rope_inplace(qk, rope)
@@ -155,11 +156,11 @@ class LlamaForCausalLM(nn.Module):
         self.rope_sin = signed_sin(sin).to(weight.dtype)
         self.eval()
         self.pack_weights()
-        native = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+        native = weight.device.type == "cpu" and weight.dtype in NATIVE_DTYPES
         self.use_native_ops(load_native_ops() if native else None)
 
     def use_native_ops(self, ops: NativeOps | None) -> None:
-        """RMSNorm and RoPE through ``ops`` (bf16 on CPU), or through torch with None."""
+        """RMSNorm and RoPE through ``ops`` (bf16 and float32 on CPU), or torch with None."""
         for module in self.modules():
             if isinstance(module, RMSNorm | Attention):
                 module.native = ops

@@ -1,4 +1,5 @@
-"""RMSNorm and RoPE in C against the model's torch code, per op and through a bf16 model."""
+"""RMSNorm and RoPE in C against the model's torch code, per op (bf16 and float32) and through a
+bf16 model."""
 
 from __future__ import annotations
 
@@ -61,12 +62,40 @@ def test_rope_in_place_equals_the_torch_path_bit_for_bit(heads: int, head_dim: i
 
 
 @needs_ops
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_float32_rms_norm_and_rope_match_the_torch_path(rows: int) -> None:
+    """Same formulas in float32: equal to rounding (the sum of squares goes in another order)."""
+    assert OPS is not None
+    torch.manual_seed(rows)
+    norm = RMSNorm(96, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96))
+    x = (torch.randn(rows, 192) * 3)[:, :96]  # rows 192 apart
+    torch.testing.assert_close(OPS.rms_norm(x, norm.weight, norm.eps), norm(x))
+    heads, head_dim = 12, 64
+    cos, sin = rope_cos_sin(head_dim, 10000.0, None, 512)
+    positions = torch.randint(0, 512, (rows,))
+    tables = RopeTables(
+        cos.index_select(0, positions).unsqueeze(1),
+        signed_sin(sin).index_select(0, positions).unsqueeze(1),
+    )
+    qkv = torch.randn(rows, (heads + 4) * head_dim)
+    ours, theirs = qkv.clone(), qkv.clone()
+    OPS.rope(ours[:, : heads * head_dim].view(rows, heads, head_dim), tables.cos, tables.sin)
+    rope_inplace(theirs[:, : heads * head_dim].view(rows, heads, head_dim), tables)
+    torch.testing.assert_close(ours, theirs)
+    assert torch.equal(ours[:, heads * head_dim :], qkv[:, heads * head_dim :])
+
+
+@needs_ops
 def test_unsupported_inputs_are_refused() -> None:
     assert OPS is not None
     x = torch.randn(4, 8)
     weight = torch.ones(8).bfloat16()
-    with pytest.raises(ValueError, match="bfloat16"):
-        OPS.rms_norm(x, weight, 1e-5)  # float32
+    with pytest.raises(ValueError, match="beside"):
+        OPS.rms_norm(x, weight, 1e-5)  # float32 rows, a bf16 weight
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        OPS.rms_norm(x.half(), weight.half(), 1e-5)
     with pytest.raises(ValueError, match="weight"):
         OPS.rms_norm(x.bfloat16(), torch.ones(6).bfloat16(), 1e-5)
     q = torch.randn(4, 2, 8).bfloat16()
@@ -77,15 +106,19 @@ def test_unsupported_inputs_are_refused() -> None:
         OPS.rope(torch.randn(4, 2, 1024).bfloat16(), table, table)
 
 
-def test_a_bf16_model_uses_the_native_ops_when_built(tiny_llama_dir: Path) -> None:
-    model = load_model(str(tiny_llama_dir), dtype=torch.bfloat16).model
-    assert (model.norm.native is not None) == (OPS is not None)
-    assert load_model(str(tiny_llama_dir), dtype=torch.float32).model.norm.native is None
+def test_bf16_and_float32_models_use_the_native_ops_when_built(tiny_llama_dir: Path) -> None:
+    for dtype in (torch.bfloat16, torch.float32):
+        model = load_model(str(tiny_llama_dir), dtype=dtype).model
+        assert (model.norm.native is not None) == (OPS is not None)
+    assert load_model(str(tiny_llama_dir), dtype=torch.float16).model.norm.native is None
 
 
 @needs_ops
-def test_bf16_logits_with_native_ops_match_the_torch_code(tiny_llama_dir: Path) -> None:
-    model = load_model(str(tiny_llama_dir), dtype=torch.bfloat16).model
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_logits_with_native_ops_match_the_torch_code(
+    tiny_llama_dir: Path, dtype: torch.dtype
+) -> None:
+    model = load_model(str(tiny_llama_dir), dtype=dtype).model
     tokens = [
         int(t) for t in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(4))
     ]
@@ -97,5 +130,7 @@ def test_bf16_logits_with_native_ops_match_the_torch_code(tiny_llama_dir: Path) 
         for n in [16, 7, 1, 1, 15]:
             runner.step([seq], [n])
         logits.append(torch.stack(seq.logits))
-    torch.testing.assert_close(logits[0], logits[1], atol=0.05, rtol=0.02)
+    loose = dtype == torch.bfloat16
+    tolerance = {"atol": 0.05, "rtol": 0.02} if loose else {"atol": 1e-4, "rtol": 1e-4}
+    torch.testing.assert_close(logits[0], logits[1], **tolerance)
     assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
