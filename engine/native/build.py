@@ -26,7 +26,16 @@ import structlog
 log = structlog.get_logger(__name__)
 
 FOLDER = Path(__file__).parent
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-shared", "-fPIC", "-std=c11")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fno-trapping-math",
+    "-ffp-contract=fast",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+)
 COMPILE_TIMEOUT_S = 120.0
 
 T = TypeVar("T")

@@ -148,6 +148,16 @@ static inline __attribute__((always_inline)) void attend_item(
         for (int t = 0, page = 0; t < kv_len; page++) {
             const char *k = cache_b + (size_t)table[page] * page_stride * elem;
             const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
+            /* Pages lie scattered: fetch the next page's K and this page's V (read by the
+             * value pass) ahead of use. */
+            const char *next = end < kv_len ? cache_b + (size_t)table[page + 1] * page_stride * elem
+                                            : NULL;
+            for (int i = 0; i < end - t; i++)
+                for (size_t line = 0; line < D * elem; line += 64) {
+                    if (next != NULL)
+                        __builtin_prefetch(next + i * tok_stride * elem + line, 0, 3);
+                    __builtin_prefetch(k + (v_offset + i * tok_stride) * elem + line, 0, 3);
+                }
             for (; t < end; t++, k += tok_stride * elem) {
                 vf16 kc[MAX_CHUNKS];
                 for (int c = 0; c < C; c++) kc[c] = load16(k + 16 * c * elem, bf16);
