@@ -249,6 +249,11 @@ static inline __attribute__((always_inline)) void attend_item(
     }
 }
 
+static int compare_int64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* Returns 0; -1 when a work buffer could not be allocated, -2 for an unsupported shape
  * (head_dim not a multiple of 16 or above 256, more than 16 query heads per KV head). */
 int atrium_decode_attention(
@@ -266,6 +271,13 @@ int atrium_decode_attention(
     if (head_dim % 16 || head_dim > 16 * MAX_CHUNKS || G > ATRIUM_MAX_GROUP || G * num_kv_heads != num_heads)
         return -2;
     const size_t elem = dtype == ATRIUM_DTYPE_BFLOAT16 ? 2 : 4;
+    /* Decodes in the order of their first page, so that those sharing a cached prefix run one
+     * after another and find its K and V still in cache. */
+    int64_t *order = malloc(sizeof(int64_t) * (size_t)(num_decodes > 0 ? num_decodes : 1));
+    if (order == NULL) return -1;
+    for (int d = 0; d < num_decodes; d++)
+        order[d] = (kv_lens[d] > 0 ? (int64_t)pages[page_starts[d]] << 32 : 0) | (int64_t)d;
+    qsort(order, (size_t)num_decodes, sizeof(int64_t), compare_int64);
     const int64_t items = (int64_t)num_decodes * num_kv_heads;
     int failed = 0;
 
@@ -276,7 +288,7 @@ int atrium_decode_attention(
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             if (failed) continue;
-            const int seq = (int)(item / num_kv_heads);
+            const int seq = (int)(order[item / num_kv_heads] & 0xffffffff);
             const int kvh = (int)(item % num_kv_heads);
             const int kv_len = kv_lens[seq];
             const int64_t need = (int64_t)G * ((kv_len + 15) & ~15);
@@ -325,5 +337,6 @@ int atrium_decode_attention(
         }
         free(scores);
     }
+    free(order);
     return failed ? -1 : 0;
 }
