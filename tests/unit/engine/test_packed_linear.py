@@ -72,9 +72,9 @@ def unpack(model: LlamaForCausalLM) -> None:
         layer.mlp.gate_up_packed = layer.mlp.down_packed = None
 
 
-@needs_packing
-def test_a_packed_bf16_model_gives_the_same_logits_as_the_plain_one(tiny_llama_dir: Path) -> None:
-    model = load_model(str(tiny_llama_dir), dtype=torch.bfloat16).model
+def packed_and_plain_logits(model_dir: Path, dtype: torch.dtype) -> list[torch.Tensor]:
+    """A 40-token sequence run in chunks and decodes, packed (as loaded) and then unpacked."""
+    model = load_model(str(model_dir), dtype=dtype).model
     assert model.output_packed is not None  # packed at load
     tokens = [
         int(t) for t in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(3))
@@ -88,24 +88,17 @@ def test_a_packed_bf16_model_gives_the_same_logits_as_the_plain_one(tiny_llama_d
         for n in [16, 7, 1, 1, 15]:
             runner.step([seq], [n])
         logits.append(torch.stack(seq.logits))
-    assert torch.equal(logits[0], logits[1])
+    return logits
+
+
+@needs_packing
+def test_a_packed_bf16_model_gives_the_same_logits_as_the_plain_one(tiny_llama_dir: Path) -> None:
+    packed, plain = packed_and_plain_logits(tiny_llama_dir, torch.bfloat16)
+    assert torch.equal(packed, plain)
 
 
 @needs_f32_packing
 def test_a_packed_float32_model_agrees_with_the_plain_one(tiny_llama_dir: Path) -> None:
-    model = load_model(str(tiny_llama_dir), dtype=torch.float32).model
-    assert model.output_packed is not None  # packed at load
-    tokens = [
-        int(t) for t in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(4))
-    ]
-    logits = []
-    for packed in (True, False):
-        if not packed:
-            unpack(model)
-        runner = PagedRunner(model, TorchAttentionBackend(), num_pages=4, page_size=16)
-        seq = PagedSeq(tokens, [2, 0, 3, 1])
-        for n in [16, 7, 1, 1, 15]:
-            runner.step([seq], [n])
-        logits.append(torch.stack(seq.logits))
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
-    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
+    packed, plain = packed_and_plain_logits(tiny_llama_dir, torch.float32)
+    torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
+    assert torch.equal(packed.argmax(-1), plain.argmax(-1))
