@@ -18,7 +18,7 @@ import torch
 from engine.attention.backend import AttentionBackend, allocate_kv_caches
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.registry import create_backend
-from engine.device import resolve_device
+from engine.device import dtype_name, resolve_device
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 
@@ -214,7 +214,7 @@ def run(shape: BenchShape, device: torch.device, backend_name: str | None) -> di
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "backend": backend.name,
-        "dtype": str(shape.dtype).removeprefix("torch."),
+        "dtype": dtype_name(shape.dtype),
         "torch": torch.__version__,
         "model": {
             "params": sum(p.numel() for p in model.parameters()),

@@ -33,7 +33,7 @@ from bench.servers import (
     wait_ready,
 )
 from bench.text_workloads import TextShape, word_vocab
-from engine.device import resolve_dtype
+from engine.device import dtype_name, resolve_dtype
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -131,7 +131,7 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dtype == "auto":
-        args.dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+        args.dtype = dtype_name(resolve_dtype("auto", torch.device("cpu")))
     quiet_logging()
     export_model(args.model_dir)
     words = word_vocab(args.model_dir / "tokenizer.json")

@@ -44,6 +44,11 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     return torch.device("cuda", index)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name ``resolve_dtype`` takes for ``dtype``: ``torch.float32`` -> ``float32``."""
+    return str(dtype).removeprefix("torch.")
+
+
 def cpu_has_bf16_dot() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX). Without either,
     oneDNN widens bfloat16 to float32 inside every product, and bf16 projections run several

@@ -70,7 +70,7 @@ def run_generate(args: argparse.Namespace) -> int:
 async def _generate(args: argparse.Namespace) -> str:
     import torch
 
-    from engine.device import resolve_dtype
+    from engine.device import dtype_name, resolve_dtype
     from engine.llm_engine import LLMEngine
     from engine.model.loader import load_model
 
@@ -85,7 +85,7 @@ async def _generate(args: argparse.Namespace) -> str:
         prompt_ids = tokenizer.encode(args.prompt)
     else:
         prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-    engine = AsyncEngine(LLMEngine(loaded, EngineConfig(dtype=str(dtype).removeprefix("torch."))))
+    engine = AsyncEngine(LLMEngine(loaded, EngineConfig(dtype=dtype_name(dtype))))
     engine.start()
     pieces: list[str] = []
     try:

@@ -84,10 +84,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return self.dtype
         import torch
 
-        from engine.device import resolve_dtype
+        from engine.device import dtype_name, resolve_dtype
 
-        device = torch.device(self.resolved_device)
-        return str(resolve_dtype("auto", device)).removeprefix("torch.")
+        return dtype_name(resolve_dtype("auto", torch.device(self.resolved_device)))
 
     @classmethod
     def load(

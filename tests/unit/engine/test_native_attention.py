@@ -83,31 +83,6 @@ def test_bfloat16_decodes_match_the_torch_path(page_size: int) -> None:
 
 
 @needs_kernel
-def test_mixed_step_with_prefill_chunks_matches_the_torch_path() -> None:
-    """Decodes between prefill chunks: the kernel gets the decodes' own rows of the table."""
-    torch.manual_seed(3)
-    page_size, kv_heads, heads, dim = 4, 2, 6, 16
-    # (tokens already cached, tokens run now)
-    shapes = [(6, 1), (0, 9), (11, 1), (5, 7), (0, 1), (40, 1)]
-    kv_lens = [c + n for c, n in shapes]
-    cache, tables, _, _ = filled_cache(kv_lens, page_size, kv_heads, dim, torch.float32, seed=3)
-    meta = build_attention_metadata(
-        [SeqSlice(t, c, n) for t, (c, n) in zip(tables, shapes, strict=True)], page_size
-    )
-    num_tokens = sum(n for _, n in shapes)
-    q = torch.randn(num_tokens, heads, dim)
-    k = torch.randn(num_tokens, kv_heads, dim)
-    v = torch.randn(num_tokens, kv_heads, dim)
-    native_backend = TorchAttentionBackend(KERNEL)
-    outs = []
-    for backend in (TorchAttentionBackend(), native_backend):
-        backend.plan(meta)
-        outs.append(backend.forward(0, q, k, v, cache.clone()))
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
-    assert native_backend.native_decode
-
-
-@needs_kernel
 def test_query_rows_may_be_strided_views_of_fused_qkv() -> None:
     assert KERNEL is not None
     torch.manual_seed(5)

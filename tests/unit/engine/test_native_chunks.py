@@ -112,10 +112,12 @@ def test_bfloat16_chunks_match_the_sdpa_path_and_exact_attention() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("with_decode_kernel", [False, True])
-def test_mixed_step_matches_the_torch_path(with_decode_kernel: bool) -> None:
-    """Chunks between decodes: each kernel takes its own rows of the step and table, and the
-    step's new K/V are written before either reads the cache."""
+@pytest.mark.parametrize(
+    ("with_decode", "with_chunks"), [(True, False), (False, True), (True, True)]
+)
+def test_mixed_step_matches_the_torch_path(with_decode: bool, with_chunks: bool) -> None:
+    """Chunks between decodes, through either kernel or both: each takes its own rows of the
+    step and table, and the step's new K/V are written before either reads the cache."""
     torch.manual_seed(3)
     page_size, kv_heads, heads, dim = 4, 2, 6, 16
     shapes = [(6, 1), (0, 9), (11, 1), (5, 7), (0, 1), (40, 1), (2, 33)]
@@ -128,14 +130,14 @@ def test_mixed_step_matches_the_torch_path(with_decode_kernel: bool) -> None:
     q = torch.randn(num_tokens, heads, dim)
     k = torch.randn(num_tokens, kv_heads, dim)
     v = torch.randn(num_tokens, kv_heads, dim)
-    decode = load_decode_kernel() if with_decode_kernel else None
-    native = TorchAttentionBackend(decode, KERNEL)
+    decode = load_decode_kernel() if with_decode else None
+    native = TorchAttentionBackend(decode, KERNEL if with_chunks else None)
     outs = []
     for backend in (TorchAttentionBackend(), native):
         backend.plan(meta)
         outs.append(backend.forward(0, q, k, v, cache.clone()))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
-    assert native.native_chunks
+    assert (native.native_decode, native.native_chunks) == (with_decode, with_chunks)
 
 
 @needs_kernel
