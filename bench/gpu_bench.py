@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from bench.common import quiet_logging
 from engine.attention.backend import AttentionBackend, allocate_kv_caches
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.registry import create_backend
@@ -242,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default=None, help="attention backend (default: device's)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    quiet_logging()  # stdout carries the JSON alone
     device = resolve_device(args.device)
     report = run(SMOKE if args.smoke else FULL, device, args.backend)
     text = json.dumps(report, indent=2)
