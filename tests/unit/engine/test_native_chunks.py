@@ -11,6 +11,7 @@ import torch
 
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.native_attention import (
+    ChunkKernel,
     load_chunk_kernel,
     load_decode_kernel,
     try_load_chunk_kernel,
@@ -23,6 +24,7 @@ KERNEL = load_chunk_kernel()
 needs_kernel = pytest.mark.skipif(
     KERNEL is None, reason="no C compiler here (the SDPA chunk path is tested without one)"
 )
+HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def run_chunks(
@@ -33,9 +35,10 @@ def run_chunks(
     page_size: int,
     dtype: torch.dtype,
     seed: int,
+    kernel: ChunkKernel | None = KERNEL,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """Run the kernel over chunks laid out one after another; returns q, out and K/V."""
-    assert KERNEL is not None
+    """Run ``kernel`` over chunks laid out one after another; returns q, out and K/V."""
+    assert kernel is not None
     kv_lens = [c + n for c, n in shapes]
     cache, tables, keys, values = filled_cache(kv_lens, page_size, kv_heads, dim, dtype, seed)
     qo_lens = [n for _, n in shapes]
@@ -46,7 +49,7 @@ def run_chunks(
     out = torch.full_like(q, float("nan")).contiguous()
     pages, page_starts, kv = csr(tables, kv_lens)
     q_starts = torch.tensor([sum(qo_lens[:i]) for i in range(len(shapes))], dtype=torch.int32)
-    KERNEL(
+    kernel(
         q, cache, out, pages, q_starts, torch.tensor(qo_lens, dtype=torch.int32), page_starts, kv
     )
     return q, out, keys, values
@@ -213,4 +216,42 @@ def test_portable_and_pair_dot_builds_agree(tmp_path: Path) -> None:
         exact = causal_attention(q[row : row + n], k, v)
         for out in outs:
             torch.testing.assert_close(out[row : row + n].double(), exact, atol=2e-2, rtol=2e-2)
+        row += n
+
+
+@pytest.fixture(scope="module")
+def pair_dot_chunk_kernel(tmp_path_factory: pytest.TempPathFactory) -> ChunkKernel | None:
+    """The chunk kernel built without AMX tiles: bfloat16 through pair dot products."""
+    return try_load_chunk_kernel(tmp_path_factory.mktemp("no-amx"), ("-mno-amx-tile",))
+
+
+@pytest.mark.skipif(
+    KERNEL is None or not HAS_AMX,
+    reason="needs the C compiler and a CPU with AMX tiles (elsewhere bfloat16 chunks run "
+    "through pair dot products or widened float32, both tested above)",
+)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (32, 2, 32)])
+@pytest.mark.parametrize("page_size", [1, 16, 48])
+def test_amx_tiles_agree_with_pair_dot_products(
+    pair_dot_chunk_kernel: ChunkKernel | None, heads: int, kv_heads: int, dim: int, page_size: int
+) -> None:
+    """On a CPU with AMX the bfloat16 chunk kernel multiplies through tile products over blocks
+    of 32 keys (K read as tiles straight from pages of a multiple of 16 tokens, copied out
+    otherwise). It rounds as the pair-dot build does: the two agree within bfloat16 rounding,
+    and both match exact attention. Chunks shorter and longer than a block, across pages, a
+    one-token chunk, and 16 query heads per KV head (three positions a tile)."""
+    assert pair_dot_chunk_kernel is not None
+    shapes = [(0, 2), (0, 37), (3, 1), (13, 60), (100, 7), (0, 130), (17, 16), (500, 64)]
+    outs = []
+    for kernel in (KERNEL, pair_dot_chunk_kernel):
+        torch.manual_seed(page_size)
+        q, out, keys, values = run_chunks(
+            shapes, heads, kv_heads, dim, page_size, torch.bfloat16, seed=dim, kernel=kernel
+        )
+        outs.append(out)
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=8e-3, rtol=1.6e-2)
+    row = 0
+    for (_, n), k, v in zip(shapes, keys, values, strict=True):
+        exact = causal_attention(q[row : row + n], k, v)
+        torch.testing.assert_close(outs[0][row : row + n].double(), exact, atol=2e-2, rtol=2e-2)
         row += n
