@@ -274,169 +274,31 @@ static inline __attribute__((always_inline)) void attend_tile(
 }
 
 #if ATRIUM_AMX
-/* The bfloat16 tile on AMX. The same tile, masks, online softmax and rounding as above, with
- * the two products as tile products over blocks of KBA keys:
- *   scores, per 16 keys and 16 rows: S^T[keys x rows] = K[keys x D] . Q^T, K read as a tile
- *     straight from its page (rows a token apart) and Q^T held as pairs of head dims per row;
- *   output, per 16 rows and 16 head dims: O[rows x D] += P[rows x keys] . V, P the block's
- *     probabilities transposed from pairs of keys per row, V as pairs of keys per head dim.
- * O stays in memory ([ROWS][D] floats), rescaled there by each row's alpha before each block. */
-#define KBA 32 /* keys per block: one P tile's depth */
-
-typedef struct {
-    uint32_t *qt2; /* [D/2][ROWS] pairs of Q's head dims, by row */
-    float *ot;     /* [ROWS][D] */
-    uint16_t *kb;  /* [16][D] K rows of a block not lying one page apart */
-    float *s;      /* [KBA][ROWS] */
-    uint32_t *p2;  /* [KBA/2][ROWS] pairs of keys' probabilities, by row */
-    uint32_t *pt;  /* [NV][16][16] the same, transposed: rows of 32 keys */
-    uint32_t *vp;  /* [KBA/2][D] pairs of keys' V, by head dim */
-    float *m, *l, *alpha;
-    int *lim;
-} amx_scratch_t;
-
-static size_t amx_scratch_size(int head_dim) {
-    return (size_t)head_dim / 2 * ROWS + (size_t)ROWS * head_dim + (size_t)8 * head_dim +
-           (size_t)KBA * ROWS + (size_t)KBA / 2 * ROWS + (size_t)NV * 256 +
-           (size_t)KBA / 2 * head_dim + 4 * ROWS;
-}
-
-static void amx_scratch_bind(amx_scratch_t *w, float *base, int head_dim) {
-    w->qt2 = (uint32_t *)base;
-    w->ot = base + (size_t)head_dim / 2 * ROWS;
-    w->kb = (uint16_t *)(w->ot + (size_t)ROWS * head_dim);
-    w->s = (float *)(w->kb + (size_t)16 * head_dim);
-    w->p2 = (uint32_t *)(w->s + (size_t)KBA * ROWS);
-    w->pt = w->p2 + (size_t)KBA / 2 * ROWS;
-    w->vp = w->pt + (size_t)NV * 256;
-    w->m = (float *)(w->vp + (size_t)KBA / 2 * head_dim);
-    w->l = w->m + ROWS;
-    w->alpha = w->l + ROWS;
-    w->lim = (int *)(w->alpha + ROWS);
-}
-
+/* The bfloat16 tile on AMX (amx.h): the same tile, masks, online softmax and rounding as
+ * above, the two products as tile products over blocks of 32 keys. */
 static inline __attribute__((always_inline)) void attend_tile_amx(
     const args_t *a, const int32_t *table, int qo_len, int kv_len, int pos0, int tq, int row0,
-    int kvh, const amx_scratch_t *w, const int D) {
+    int kvh, const atrium_amx_scratch_t *w, const int D) {
     const int G = a->group;
     const int R = tq * G;
-    const int nv = (R + 15) / 16; /* row groups of the tile that hold rows */
-    const int64_t tok_bytes = (int64_t)a->num_kv_heads * D * 2;
-    const int64_t v_bytes = (int64_t)a->page_size * tok_bytes; /* a page's K to its V */
-    const char *head = a->cache + (size_t)kvh * D * 2;
     const int first_lim = kv_len - qo_len + pos0;
     const int kv_end = first_lim + tq;
-    uint32_t *qt2 = w->qt2, *p2 = w->p2, *pt = w->pt, *vp = w->vp;
-    float *ot = w->ot, *s = w->s, *m = w->m, *l = w->l, *alpha = w->alpha;
-    int *lim = w->lim;
-
-    for (int r = 0; r < 16 * nv; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
+    /* Row r is position r / G, head r % G of the group; rows past R are zero padding that
+     * sees every key. */
+    for (int r = 0; r < (R + 15) / 16 * 16; r++) {
         const int p = r / G, g = r % G;
-        lim[r] = r < R ? first_lim + p : kv_end - 1;
-        const char *src = a->q + ((size_t)(row0 + p) * (size_t)a->q_row_stride +
-                                  (size_t)(kvh * G + g) * D) * 2;
-        for (int i = 0; i < D / 2; i++) {
-            uint32_t pair = 0;
-            if (r < R) memcpy(&pair, src + 4 * (size_t)i, 4);
-            qt2[i * ROWS + r] = pair;
-        }
+        w->lim[r] = r < R ? first_lim + p : kv_end - 1;
+        atrium_amx_set_row(w, r, r < R ? a->q + ((size_t)(row0 + p) * (size_t)a->q_row_stride +
+                                                  (size_t)(kvh * G + g) * D) * 2
+                                       : NULL, D);
     }
-    memset(ot, 0, sizeof(float) * (size_t)16 * nv * D);
-
-    for (int k0 = 0; k0 < kv_end; k0 += KBA) {
-        const int nk = kv_end - k0 < KBA ? kv_end - k0 : KBA;
-        const char *krow[KBA];
-        paged_rows(head, table, k0, nk, a->page_size, tok_bytes, 2 * v_bytes, krow);
-        for (int j = nk; j < KBA; j++) krow[j] = (const char *)ATRIUM_ZERO_ROW;
-
-        /* Scores, sixteen keys at a time. */
-        for (int h = 0; h < KBA && h < nk; h += 16) {
-            const char *kbase = krow[h];
-            int64_t kstride = tok_bytes;
-            if (nk - h < 16 || krow[h + 15] != krow[h] + 15 * tok_bytes) {
-                for (int t = 0; t < 16; t++) memcpy(w->kb + (size_t)t * D, krow[h + t], 2 * (size_t)D);
-                kbase = (const char *)w->kb;
-                kstride = 2 * D;
-            }
-            for (int v = 0; v < nv; v++) {
-                _tile_zero(3);
-                for (int c = 0; c < D / 32; c++) {
-                    _tile_loadd(0, kbase + 64 * c, kstride);
-                    _tile_loadd(2, qt2 + (size_t)16 * c * ROWS + 16 * v, ROWS * 4);
-                    _tile_dpbf16ps(3, 0, 2);
-                }
-                _tile_stored(3, s + (size_t)h * ROWS + 16 * v, ROWS * 4);
-            }
-        }
-        /* Scaled; keys past a row's position, and past the block, masked out. */
-        const int diagonal = k0 + KBA - 1 > first_lim;
-        for (int j = 0; j < KBA; j++)
-            for (int v = 0; v < nv; v++) {
-                float *row = s + (size_t)j * ROWS + 16 * v;
-                if (j >= nk) {
-                    vstore16(row, splat16(-INFINITY));
-                    continue;
-                }
-                vf16 x = vload16(row) * a->scale;
-                if (diagonal) {
-                    vi16 lv;
-                    memcpy(&lv, lim + 16 * v, sizeof lv);
-                    x = select16((vi16){0} + (k0 + j) > lv, splat16(-INFINITY), x);
-                }
-                vstore16(row, x);
-            }
-
-        /* Online softmax (as above); probabilities rounded to bfloat16 and paired by key. */
-        for (int v = 0; v < nv; v++) {
-            const vf16 old = vload16(m + 16 * v);
-            vf16 peak = old;
-            for (int j = 0; j < KBA; j++) peak = max16(peak, vload16(s + j * ROWS + 16 * v));
-            const vf16 rescale = vexp_nonpositive(old - peak);
-            vf16 total = vload16(l + 16 * v) * rescale;
-            for (int i = 0; i < KBA / 2; i++) {
-                const vf16 e0 = vexp_nonpositive(vload16(s + 2 * i * ROWS + 16 * v) - peak);
-                const vf16 e1 = vexp_nonpositive(vload16(s + (2 * i + 1) * ROWS + 16 * v) - peak);
-                total += e0;
-                total += e1;
-                const vu16 pair = ((vu16)vbf16_round(e0) >> 16) | ((vu16)vbf16_round(e1) & 0xffff0000u);
-                memcpy(p2 + i * ROWS + 16 * v, &pair, sizeof pair);
-            }
-            vstore16(m + 16 * v, peak);
-            vstore16(l + 16 * v, total);
-            vstore16(alpha + 16 * v, rescale);
-            atrium_transpose16(p2 + 16 * v, ROWS, pt + 256 * v);
-        }
-
-        /* V as pairs of keys; rescale O, then add P . V. */
-        for (int i = 0; i < KBA / 2; i++)
-            pair_rows(krow[2 * i] + (2 * i < nk ? v_bytes : 0),
-                      krow[2 * i + 1] + (2 * i + 1 < nk ? v_bytes : 0), D, vp + (size_t)i * D);
-        for (int r = 0; r < 16 * nv; r++) {
-            const vf16 f = splat16(alpha[r]);
-            for (int d = 0; d < D; d += 16) vstore16(ot + (size_t)r * D + d, vload16(ot + (size_t)r * D + d) * f);
-        }
-        for (int v = 0; v < nv; v++) {
-            _tile_loadd(4, pt + 256 * v, 64);
-            for (int d = 0; d < D; d += 16) {
-                float *o = ot + (size_t)16 * v * D + d;
-                _tile_loadd(6, o, D * 4);
-                _tile_loadd(5, vp + d, D * 4);
-                _tile_dpbf16ps(6, 4, 5);
-                _tile_stored(6, o, D * 4);
-            }
-        }
-    }
-
+    const atrium_amx_keys_t keys = {a->cache + (size_t)kvh * D * 2, table, a->page_size,
+                                    (int64_t)a->num_kv_heads * D * 2};
+    atrium_amx_attend(&keys, kv_end, first_lim, R, a->scale, w, D);
     for (int r = 0; r < R; r++) {
         const int p = r / G, g = r % G;
-        const vf16 inv = splat16(1.0f / l[r]);
-        uint16_t *dst = (uint16_t *)a->out + ((size_t)(row0 + p) * a->num_heads + (size_t)(kvh * G + g)) * D;
-        for (int d = 0; d < D; d += 16) {
-            const vf16 x = vload16(ot + (size_t)r * D + d) * inv;
-            for (int t = 0; t < 16; t++) dst[d + t] = bf16_from_f32(x[t]);
-        }
+        atrium_amx_write_row(w, r, (uint16_t *)a->out + ((size_t)(row0 + p) * a->num_heads +
+                                                         (size_t)(kvh * G + g)) * D, D);
     }
 }
 #endif
@@ -493,7 +355,7 @@ int atrium_chunk_attention(
         float *base = NULL;
         size_t floats = scratch_floats(head_dim);
 #if ATRIUM_AMX
-        if (amx) floats = amx_scratch_size(head_dim);
+        if (amx) floats = atrium_amx_scratch_floats(head_dim);
 #endif
         if (items > 0) {
             base = malloc(sizeof(float) * floats);
@@ -502,9 +364,9 @@ int atrium_chunk_attention(
         scratch_t w = {0};
         if (base != NULL && !amx) scratch_bind(&w, base, head_dim);
 #if ATRIUM_AMX
-        amx_scratch_t aw = {0};
+        atrium_amx_scratch_t aw = {0};
         if (base != NULL && amx) {
-            amx_scratch_bind(&aw, base, head_dim);
+            atrium_amx_scratch_bind(&aw, base, head_dim);
             atrium_amx_configure();
         }
 #endif

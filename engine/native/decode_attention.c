@@ -15,11 +15,13 @@
  * Built on first use by engine/native/build.py (cc -O3 -march=native -fopenmp); the OpenMP
  * runtime is the one torch has already loaded, so the kernel shares torch's threads.
  */
+#define _GNU_SOURCE /* syscall(), for the AMX permission in amx.h */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"
 #include "bf16.h"
 #include "vec.h"
 
@@ -72,8 +74,8 @@ static inline vf16 reduce16(const vf16 a[16]) {
  * float32), the sixteen tokens' partial sums reduced together. Scores are rounded to bfloat16
  * and scaled, as in the generic path. */
 static inline __attribute__((always_inline)) void score_dpbf16(
-    const void *q_seq, const char *cache_b, const int32_t *table, int kv_len, int kv_pad, int kvh,
-    const shape_t *s, const int G, const int D, float *scores) {
+    const void *q_seq, const char *cache_b, const int32_t *table, int begin, int kv_len,
+    int kv_pad, int kvh, const shape_t *s, const int G, const int D, float *scores) {
     const int C2 = D / 32;
     const int64_t tok_stride = (int64_t)s->num_kv_heads * D;
     const int64_t tok_bytes = 2 * tok_stride, page_bytes = 2 * s->page_size * tok_bytes;
@@ -82,15 +84,17 @@ static inline __attribute__((always_inline)) void score_dpbf16(
         for (int c = 0; c < C2; c++)
             qb[g][c] = (__m512bh)_mm512_loadu_si512(
                 (const uint16_t *)q_seq + (size_t)(kvh * G + g) * D + 32 * c);
-    for (int t0 = 0; t0 < kv_len; t0 += 16) {
-        const int n = kv_len - t0 < 16 ? kv_len - t0 : 16;
+    for (int t0 = 0; t0 < kv_len - begin; t0 += 16) {
+        const int n = kv_len - begin - t0 < 16 ? kv_len - begin - t0 : 16;
         const uint16_t *k[16];
-        paged_rows(cache_b, table, t0, n, s->page_size, tok_bytes, page_bytes, (const char **)k);
+        paged_rows(cache_b, table, begin + t0, n, s->page_size, tok_bytes, page_bytes,
+                   (const char **)k);
         /* The cache is read once per item, page by scattered page: fetch the next block's K
          * and this block's V (read by the value pass) ahead of use. */
         const char *next[16];
-        const int n_next = kv_len - t0 - 16 < 16 ? kv_len - t0 - 16 : 16;
-        paged_rows(cache_b, table, t0 + 16, n_next, s->page_size, tok_bytes, page_bytes, next);
+        const int n_next = kv_len - begin - t0 - 16 < 16 ? kv_len - begin - t0 - 16 : 16;
+        paged_rows(cache_b, table, begin + t0 + 16, n_next, s->page_size, tok_bytes, page_bytes,
+                   next);
         for (int t = 0; t < n_next; t++)
             for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(next[t] + line, 0, 3);
         for (int t = 0; t < n; t++)
@@ -119,25 +123,30 @@ static inline __attribute__((always_inline)) void score_dpbf16(
 
 /* One (decode, kv head) item: ``G`` query heads of ``D`` (a multiple of 16) values each. Both
  * are compile-time constants in the common instantiations below, so the loops over them unroll
- * and the accumulators stay in registers. */
+ * and the accumulators stay in registers.
+ *
+ * With ``prior`` (pair dot products only) the item covers tokens ``begin`` .. kv_len - 1 and
+ * carries in what its tokens before ``begin`` gave, as computed for its whole group at once:
+ * per query head D floats of unnormalised output, then their running max and sum. */
 static inline __attribute__((always_inline)) void attend_item(
     const void *q_seq, /* this decode's query row: [num_heads, D] */
-    const void *cache, void *out_seq, const int32_t *table, int kv_len, int kvh,
-    const shape_t *s, const int G, const int D, const int bf16, float *scores) {
+    const void *cache, void *out_seq, const int32_t *table, int begin, int kv_len, int kvh,
+    const float *prior, const shape_t *s, const int G, const int D, const int bf16,
+    float *scores) {
     const int C = D / 16;
     const size_t elem = bf16 ? 2 : 4;
     const int64_t tok_stride = (int64_t)s->num_kv_heads * D;
     const int64_t v_offset = (int64_t)s->page_size * tok_stride;
     const int64_t page_stride = 2 * v_offset;
     const char *cache_b = (const char *)cache + (size_t)kvh * D * elem;
-    const int kv_pad = (kv_len + 15) & ~15; /* each head's scores, padded to whole vectors */
+    const int kv_pad = (kv_len - begin + 15) & ~15; /* each head's scores, whole vectors */
     const int dp = ATRIUM_DPBF16 && bf16 && D % 32 == 0; /* bfloat16 pair dot products */
     vf16 acc[ATRIUM_MAX_GROUP][MAX_CHUNKS];
 
     /* Scores of every query head of the group against every cached token. */
     if (dp) {
 #if ATRIUM_DPBF16
-        score_dpbf16(q_seq, cache_b, table, kv_len, kv_pad, kvh, s, G, D, scores);
+        score_dpbf16(q_seq, cache_b, table, begin, kv_len, kv_pad, kvh, s, G, D, scores);
 #endif
     } else {
         vf16 qv[ATRIUM_MAX_GROUP][MAX_CHUNKS];
@@ -174,38 +183,50 @@ static inline __attribute__((always_inline)) void attend_item(
             for (int t = kv_len; t < kv_pad; t++) scores[(int64_t)g * kv_pad + t] = -INFINITY;
     }
 
-    /* Softmax per query head, in float32, sixteen scores at a time (the -inf padding gives 0). */
+    /* Softmax per query head, in float32, sixteen scores at a time (the -inf padding gives 0);
+     * a prior's share is rescaled to the common max and added to the sum. */
+    float carry[ATRIUM_MAX_GROUP];
     for (int g = 0; g < G; g++) {
         float *sg = scores + (int64_t)g * kv_pad;
         vf16 peak = splat16(-INFINITY);
         for (int t = 0; t < kv_pad; t += 16) peak = max16(peak, vload16(sg + t));
-        const vf16 top = splat16(hmax16(peak));
+        float top_s = hmax16(peak), prior_sum = 0.0f, prior_max = -INFINITY;
+        if (prior != NULL) {
+            prior_max = prior[(size_t)g * (D + 2) + D];
+            prior_sum = prior[(size_t)g * (D + 2) + D + 1];
+            top_s = prior_max > top_s ? prior_max : top_s;
+        }
+        const vf16 top = splat16(top_s);
         vf16 total = (vf16){0};
         for (int t = 0; t < kv_pad; t += 16) {
             const vf16 e = vexp_nonpositive(vload16(sg + t) - top);
             vstore16(sg + t, e);
             total += e;
         }
-        const float inv = 1.0f / hsum16(total);
+        const float carried = prior != NULL ? expf(prior_max - top_s) : 0.0f;
+        const float inv = 1.0f / (hsum16(total) + prior_sum * carried);
+        carry[g] = carried * inv;
         for (int t = 0; t < kv_pad; t += 16) {
             const vf16 p = vload16(sg + t) * inv;
             vstore16(sg + t, bf16 ? vbf16_round(p) : p);
         }
     }
 
-    /* Probability-weighted sum of V, accumulated in float32. */
+    /* Probability-weighted sum of V, accumulated in float32 (from the prior's, rescaled). */
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < C; c++) acc[g][c] = (vf16){0};
+        for (int c = 0; c < C; c++)
+            acc[g][c] = prior != NULL ? vload16(prior + (size_t)g * (D + 2) + 16 * c) * carry[g]
+                                      : (vf16){0};
     if (dp) {
 #if ATRIUM_DPBF16
         /* Two tokens per pair dot product: their V rows interleaved, their probabilities
          * (bfloat16 values already) paired; the padding past kv_len has probability 0. */
         const char *v_base = cache_b + v_offset * elem;
-        for (int t0 = 0; t0 < kv_len; t0 += 16) {
-            const int n = kv_len - t0 < 16 ? kv_len - t0 : 16;
+        for (int t0 = 0; t0 < kv_len - begin; t0 += 16) {
+            const int n = kv_len - begin - t0 < 16 ? kv_len - begin - t0 : 16;
             const char *rows[16];
-            paged_rows(v_base, table, t0, n, s->page_size, tok_stride * 2, page_stride * 2,
-                       rows);
+            paged_rows(v_base, table, begin + t0, n, s->page_size, tok_stride * 2,
+                       page_stride * 2, rows);
             for (int t = 0; t < n; t += 2) {
                 uint32_t vp[ATRIUM_MAX_DIM];
                 pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D, vp);
@@ -271,6 +292,7 @@ int atrium_decode_attention(
     if (head_dim % 16 || head_dim > 16 * MAX_CHUNKS || G > ATRIUM_MAX_GROUP || G * num_kv_heads != num_heads)
         return -2;
     const size_t elem = dtype == ATRIUM_DTYPE_BFLOAT16 ? 2 : 4;
+    const int bf16 = dtype == ATRIUM_DTYPE_BFLOAT16;
     /* Decodes in the order of their first page, so that those sharing a cached prefix run one
      * after another and find its K and V still in cache. */
     int64_t *order = malloc(sizeof(int64_t) * (size_t)(num_decodes > 0 ? num_decodes : 1));
@@ -278,20 +300,124 @@ int atrium_decode_attention(
     for (int d = 0; d < num_decodes; d++)
         order[d] = (kv_lens[d] > 0 ? (int64_t)pages[page_starts[d]] << 32 : 0) | (int64_t)d;
     qsort(order, (size_t)num_decodes, sizeof(int64_t), compare_int64);
+#define SEQ(i) ((int)(order[i] & 0xffffffff))
     const int64_t items = (int64_t)num_decodes * num_kv_heads;
     int failed = 0;
 
+    /* Groups: runs of decodes over the same leading pages (a cached prefix they share). With
+     * AMX, each group's prefix is attended once for all its members (their query heads as the
+     * rows of tile products, amx.h), and each member then covers only its own tokens, carrying
+     * the prefix's share in (``prior``). */
+    int32_t *shared = NULL;   /* [num_decodes] prefix tokens covered by the group, or 0 */
+    float *partial = NULL;    /* [num_decodes][num_heads][D + 2] the prefix's share */
+    int32_t *group_item = NULL; /* per prefix item: first member (index into order), members */
+    int64_t group_items = 0;
+#if ATRIUM_AMX
+    const int amx = bf16 && head_dim % 32 == 0 && num_decodes > 1 && atrium_amx_permitted();
+    const int per_item = ATRIUM_AMX_ROWS / G; /* members whose rows fit one item */
+    if (amx) {
+        shared = calloc((size_t)num_decodes, sizeof(int32_t));
+        group_item = malloc(sizeof(int32_t) * 2 * (size_t)num_decodes);
+        if (shared == NULL || group_item == NULL) failed = 1;
+        for (int i = 0; i < num_decodes && !failed;) {
+            const int32_t *t0 = pages + page_starts[SEQ(i)];
+            int j = i + 1, min_len = kv_lens[SEQ(i)];
+            while (j < num_decodes && kv_lens[SEQ(i)] > 0 && kv_lens[SEQ(j)] > 0 &&
+                   pages[page_starts[SEQ(j)]] == t0[0]) {
+                min_len = kv_lens[SEQ(j)] < min_len ? kv_lens[SEQ(j)] : min_len;
+                j++;
+            }
+            /* Whole pages common to every member, each member keeping a token of its own. */
+            int common = (min_len - 1) / page_size;
+            for (int k = i + 1; k < j; k++) {
+                const int32_t *tk = pages + page_starts[SEQ(k)];
+                int p = 0;
+                while (p < common && tk[p] == t0[p]) p++;
+                common = p;
+            }
+            const int tokens = common * page_size;
+            if (j - i >= 2 && tokens >= ATRIUM_AMX_KB) {
+                for (int k = i; k < j; k++) shared[SEQ(k)] = tokens;
+                for (int k = i; k < j; k += per_item) {
+                    group_item[2 * group_items] = k;
+                    group_item[2 * group_items + 1] = j - k < per_item ? j - k : per_item;
+                    group_items++;
+                }
+            }
+            i = j;
+        }
+        if (group_items > 0 && !failed) {
+            partial = malloc(sizeof(float) * (size_t)num_decodes * num_heads * (head_dim + 2));
+            if (partial == NULL) failed = 1;
+        }
+    }
+#else
+    const int amx = 0;
+#endif
+    const int64_t prefix_items = failed ? 0 : group_items * num_kv_heads;
+
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
+#if ATRIUM_AMX
+        if (prefix_items > 0) {
+            float *base = malloc(sizeof(float) * atrium_amx_scratch_floats(head_dim));
+            atrium_amx_scratch_t w = {0};
+            if (base == NULL)
+                failed = 1;
+            else {
+                atrium_amx_scratch_bind(&w, base, head_dim);
+                atrium_amx_configure();
+            }
+            /* Each group's prefix, for up to per_item of its members, one KV head. */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < prefix_items; item++) {
+                if (base == NULL) continue;
+                const int first = group_item[2 * (item / num_kv_heads)];
+                const int members = group_item[2 * (item / num_kv_heads) + 1];
+                const int kvh = (int)(item % num_kv_heads);
+                const int tokens = shared[SEQ(first)];
+                const int R = members * G;
+                for (int r = 0; r < (R + 15) / 16 * 16; r++) {
+                    const int seq = r < R ? SEQ(first + r / G) : 0;
+                    w.lim[r] = tokens - 1;
+                    atrium_amx_set_row(&w, r,
+                                       r < R ? (const char *)q + ((size_t)seq * (size_t)q_row_stride +
+                                                                 (size_t)(kvh * G + r % G) * head_dim) * 2
+                                             : NULL,
+                                       head_dim);
+                }
+                const atrium_amx_keys_t keys = {(const char *)cache + (size_t)kvh * head_dim * 2,
+                                                pages + page_starts[SEQ(first)], page_size,
+                                                (int64_t)num_kv_heads * head_dim * 2};
+                if (head_dim == 64)
+                    atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, 64);
+                else
+                    atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, head_dim);
+                for (int r = 0; r < R; r++) {
+                    float *dst = partial + ((size_t)SEQ(first + r / G) * num_heads +
+                                            (size_t)(kvh * G + r % G)) * (head_dim + 2);
+                    memcpy(dst, w.ot + (size_t)r * head_dim, sizeof(float) * (size_t)head_dim);
+                    dst[head_dim] = w.m[r];
+                    dst[head_dim + 1] = w.l[r];
+                }
+            }
+            if (base != NULL) _tile_release();
+            free(base);
+        }
+#endif
         float *scores = NULL;
         int64_t capacity = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             if (failed) continue;
-            const int seq = (int)(order[item / num_kv_heads] & 0xffffffff);
+            const int seq = SEQ(item / num_kv_heads);
             const int kvh = (int)(item % num_kv_heads);
             const int kv_len = kv_lens[seq];
-            const int64_t need = (int64_t)G * ((kv_len + 15) & ~15);
+            const int begin = partial != NULL ? shared[seq] : 0;
+            const float *prior =
+                begin > 0 ? partial + ((size_t)seq * num_heads + (size_t)kvh * G) * (head_dim + 2)
+                          : NULL;
+            const int64_t need = (int64_t)G * ((kv_len - begin + 15) & ~15);
             if (need > capacity) {
                 free(scores);
                 capacity = need;
@@ -308,7 +434,7 @@ int atrium_decode_attention(
             /* Constant dtype, head size and group size for the common models, so each call
              * below is specialised; anything else runs the same code with runtime sizes. */
 #define ATTEND(GG, D, BF) \
-    attend_item(q_seq, cache, out_seq, table, kv_len, kvh, &s, GG, D, BF, scores)
+    attend_item(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, &s, GG, D, BF, scores)
 #define BY_GROUP(D, BF)                \
     switch (G) {                       \
         case 1: ATTEND(1, D, BF); break; \
@@ -318,7 +444,6 @@ int atrium_decode_attention(
         case 8: ATTEND(8, D, BF); break; \
         default: ATTEND(G, D, BF); break; \
     }
-            const int bf16 = dtype == ATRIUM_DTYPE_BFLOAT16;
             if (head_dim == 64 && bf16) {
                 BY_GROUP(64, 1)
             } else if (head_dim == 64) {
@@ -337,6 +462,11 @@ int atrium_decode_attention(
         }
         free(scores);
     }
+#undef SEQ
+    (void)amx;
     free(order);
+    free(shared);
+    free(partial);
+    free(group_item);
     return failed ? -1 : 0;
 }

@@ -115,3 +115,47 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     visible = torch.arange(kv)[None, :] <= torch.arange(kv - qo, kv)[:, None]
     scores = scores.masked_fill(~visible, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def shared_prefix_cache(
+    groups: list[tuple[int, list[int]]],  # (shared prefix tokens, each member's own tokens)
+    page_size: int,
+    kv_heads: int,
+    dim: int,
+    dtype: torch.dtype,
+    seed: int,
+) -> tuple[torch.Tensor, list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
+    """A cache in which the members of each group share the pages of a prefix (a whole number of
+    pages), as prefix-cache hits do, then hold their own tokens on pages of their own. Returns
+    the cache and, per member (groups in order), its table and its whole K/V."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = 1
+    for prefix, tails in groups:
+        assert prefix % page_size == 0
+        num_pages += prefix // page_size + sum(-(-n // page_size) for n in tails)
+    pages = list(range(num_pages))
+    rng.shuffle(pages)
+    cache = allocate_kv_caches(1, num_pages, page_size, kv_heads, dim, dtype)[0]
+
+    def fill(table: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        for i in range(k.shape[0]):
+            pos = start + i
+            cache[table[pos // page_size], 0, pos % page_size] = k[i]
+            cache[table[pos // page_size], 1, pos % page_size] = v[i]
+
+    tables, keys, values = [], [], []
+    for prefix, tails in groups:
+        shared = [pages.pop() for _ in range(prefix // page_size)]
+        pk = torch.randn(prefix, kv_heads, dim, generator=gen).to(dtype)
+        pv = torch.randn(prefix, kv_heads, dim, generator=gen).to(dtype)
+        fill(shared, 0, pk, pv)
+        for n in tails:
+            table = shared + [pages.pop() for _ in range(-(-n // page_size))]
+            k = torch.randn(n, kv_heads, dim, generator=gen).to(dtype)
+            v = torch.randn(n, kv_heads, dim, generator=gen).to(dtype)
+            fill(table, prefix, k, v)
+            tables.append(table)
+            keys.append(torch.cat([pk, k]))
+            values.append(torch.cat([pv, v]))
+    return cache, tables, keys, values

@@ -19,12 +19,13 @@ from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.config import ModelConfig
 from engine.native.build import build_library, native_enabled
-from tests.support.paged import causal_attention, csr, filled_cache
+from tests.support.paged import causal_attention, csr, filled_cache, shared_prefix_cache
 
 KERNEL = load_decode_kernel()
 needs_kernel = pytest.mark.skipif(
     KERNEL is None, reason="no C compiler here (the torch decode path is tested without one)"
 )
+HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -167,3 +168,52 @@ def test_no_compiler_or_switched_off_means_no_kernel(
     monkeypatch.setenv("ATRIUM_NATIVE_KERNELS", "0")
     assert not native_enabled()
     assert try_load_decode_kernel(tmp_path) is None
+
+
+@pytest.fixture(scope="module")
+def pair_dot_decode_kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeKernel | None:
+    """The decode kernel built without AMX tiles: every decode on its own."""
+    return try_load_decode_kernel(tmp_path_factory.mktemp("no-amx"), ("-mno-amx-tile",))
+
+
+# Groups of decodes over a shared prefix (tokens, then each member's own tokens): the smallest
+# prefix grouped (32 tokens), more members than one tile item holds, one-token tails, a lone
+# decode, and a prefix too short to group.
+SHARED_GROUPS = [(32, [1, 5]), (96, [3] * 20), (64, [40, 1, 17]), (128, [9]), (16, [2, 30])]
+
+
+@pytest.mark.skipif(
+    KERNEL is None or not HAS_AMX,
+    reason="needs the C compiler and a CPU with AMX tiles (elsewhere every decode attends on "
+    "its own, tested above)",
+)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (32, 2, 32)])
+@pytest.mark.parametrize("page_size", [4, 16, 32])
+def test_decodes_over_a_shared_prefix_attend_it_together(
+    pair_dot_decode_kernel: DecodeKernel | None,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    page_size: int,
+) -> None:
+    """With AMX, decodes whose tables start with the same pages attend that prefix together
+    (their query heads the rows of tile products) and then each its own tokens, carrying the
+    prefix's share in. In any order of the step's decodes the result matches exact attention
+    and the build that attends every decode on its own, within bfloat16 rounding."""
+    assert KERNEL is not None and pair_dot_decode_kernel is not None
+    groups = [(max(p, page_size) // page_size * page_size, tails) for p, tails in SHARED_GROUPS]
+    cache, tables, keys, values = shared_prefix_cache(
+        groups, page_size, kv_heads, dim, torch.bfloat16, seed=dim + page_size
+    )
+    order = torch.randperm(len(tables), generator=torch.Generator().manual_seed(page_size))
+    tables = [tables[i] for i in order]
+    keys = [keys[i] for i in order]
+    values = [values[i] for i in order]
+    kv_lens = [k.shape[0] for k in keys]
+    q = torch.randn(len(tables), heads, dim).to(torch.bfloat16)
+    together = KERNEL(q, cache, *csr(tables, kv_lens))
+    alone = pair_dot_decode_kernel(q, cache, *csr(tables, kv_lens))
+    torch.testing.assert_close(together.float(), alone.float(), atol=8e-3, rtol=1.6e-2)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        exact = reference(q[i], k, v)
+        torch.testing.assert_close(together[i].double(), exact, atol=2e-2, rtol=2e-2)
