@@ -197,12 +197,9 @@ static inline __attribute__((always_inline)) void atrium_amx_pv(
 }
 
 /* Rows 0 .. R - 1 (and the padding up to a multiple of 16) over keys 0 .. kv_end - 1; keys up
- * to ``unmasked`` are seen by every row.
- *
- * Tile loads wait for vector stores to the same lines to land (and vector loads for tile
- * stores), so each block's steps are ordered to leave time between a write and its read: the
- * block's V pairs, its scores (tiles), the previous block's output product (tiles, over P and
- * V pairs written one step earlier, double-buffered), then its softmax (vectors). */
+ * to ``unmasked`` are seen by every row. Per block: V pairs, scores (tiles), softmax (vectors),
+ * output product (tiles). P and V pairs alternate between two buffers, so that a block's
+ * vector stores never land on lines the previous block's tile loads may still be reading. */
 static inline __attribute__((always_inline)) void atrium_amx_attend(
     const atrium_amx_keys_t *keys, int kv_end, int unmasked, int R, float scale,
     const atrium_amx_scratch_t *w, const int D) {
@@ -213,6 +210,10 @@ static inline __attribute__((always_inline)) void atrium_amx_attend(
     uint32_t *qt2 = w->qt2, *p2 = w->p2;
     float *ot = w->ot, *s = w->s, *m = w->m, *l = w->l;
     const int *lim = w->lim;
+    /* Lane pairs (2r, 2r + 1) <- (r, 16 + r): two rows of sixteen bfloat16s, interleaved. */
+    const __m512i interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0);
     int cur = 0; /* which of the two buffers of P and V pairs this block writes */
 
     for (int k0 = 0; k0 < kv_end; k0 += KB, cur ^= 1) {
@@ -222,6 +223,19 @@ static inline __attribute__((always_inline)) void atrium_amx_attend(
         const char *krow[ATRIUM_AMX_KB];
         paged_rows(keys->head, keys->table, k0, nk, keys->page_size, tok_bytes, 2 * v_bytes, krow);
         for (int j = nk; j < KB; j++) krow[j] = (const char *)ATRIUM_ZERO_ROW;
+        /* Pages lie scattered and tile loads do not wake the hardware prefetcher: fetch the
+         * next block's K and V rows ahead of use. */
+        if (k0 + KB < kv_end) {
+            const int n_next = kv_end - k0 - KB < KB ? kv_end - k0 - KB : KB;
+            const char *next[ATRIUM_AMX_KB];
+            paged_rows(keys->head, keys->table, k0 + KB, n_next, keys->page_size, tok_bytes,
+                       2 * v_bytes, next);
+            for (int j = 0; j < n_next; j++)
+                for (int line = 0; line < 2 * D; line += 64) {
+                    __builtin_prefetch(next[j] + line, 0, 3);
+                    __builtin_prefetch(next[j] + v_bytes + line, 0, 3);
+                }
+        }
 
         /* V as pairs of keys (zero past the block). */
         for (int i = 0; i < KB / 2; i++)
@@ -303,9 +317,11 @@ static inline __attribute__((always_inline)) void atrium_amx_attend(
                 const vf16 e1 = atrium_exp(vload16(s + (2 * i + 1) * ROWS + 16 * v) * scale - ref);
                 total += e0;
                 total += e1;
-                const vu16 pair =
-                    ((vu16)vbf16_round(e0) >> 16) | ((vu16)vbf16_round(e1) & 0xffff0000u);
-                memcpy(p2 + i * ROWS + 16 * v, &pair, sizeof pair);
+                /* Both rounded to bfloat16 in one instruction (nearest even; every nonzero
+                 * e is a normal float, see atrium_exp), then interleaved by row. */
+                const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0);
+                _mm512_storeu_si512(p2 + i * ROWS + 16 * v,
+                                    _mm512_permutexvar_epi16(interleave, halves));
             }
             vstore16(m + 16 * v, ref);
             vstore16(l + 16 * v, total);
