@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import torch
 
 from engine.errors import EngineError
@@ -73,3 +76,28 @@ def resolve_dtype(spec: str | torch.dtype, device: torch.device) -> torch.dtype:
     if dtype not in _DTYPES.values():
         raise ValueError(f"unsupported dtype {dtype}; choose one of {sorted(_DTYPES)}")
     return dtype
+
+
+_MADV_HUGEPAGE = 14  # Linux's madvise advice for transparent huge pages
+HUGE_PAGE_BYTES = 2 * 2**20
+
+
+def advise_huge_pages(t: torch.Tensor) -> bool:
+    """Ask Linux to back a large CPU tensor with 2 MiB pages (``madvise(MADV_HUGEPAGE)`` over the
+    whole huge pages inside it), before it is first written. Where transparent huge pages are
+    on "madvise" (a common default), the KV cache and weights otherwise sit on 4 KiB pages, and
+    reading a step's scattered cache pages or streaming the weights misses the TLB at nearly
+    every page. Best effort: memory that malloc hands back from earlier use keeps the pages it
+    has. Returns whether the advice was taken; elsewhere (not Linux, a GPU tensor, under 4 MiB,
+    THP off) nothing changes."""
+    size = t.numel() * t.element_size()
+    if t.device.type != "cpu" or not sys.platform.startswith("linux") or size < 2 * HUGE_PAGE_BYTES:
+        return False
+    start = t.data_ptr()
+    lo = -(-start // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    hi = (start + size) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    if hi <= lo:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return int(libc.madvise(lo, hi - lo, _MADV_HUGEPAGE)) == 0
