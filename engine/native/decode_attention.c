@@ -407,7 +407,8 @@ int atrium_decode_attention(
 #endif
         float *scores = NULL;
         int64_t capacity = 0;
-#pragma omp for schedule(dynamic, 1)
+        /* A thread takes a decode's KV heads together: they share the cache's token rows. */
+#pragma omp for schedule(dynamic, num_kv_heads)
         for (int64_t item = 0; item < items; item++) {
             if (failed) continue;
             const int seq = SEQ(item / num_kv_heads);
