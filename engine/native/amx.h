@@ -54,15 +54,7 @@ static inline vf16 atrium_exp(vf16 x) {
     const vf16 xc = (vf16)_mm512_max_ps(xv, _mm512_set1_ps(-87.0f));
     const vf16 n = (vf16)_mm512_roundscale_ps((__m512)(xc * 1.44269504088896341f),
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const vf16 r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    vf16 p = splat16(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return (vf16)_mm512_maskz_scalef_ps(live, (__m512)p, (__m512)n);
+    return (vf16)_mm512_maskz_scalef_ps(live, (__m512)vexp_reduced(xc, n), (__m512)n);
 }
 
 /* One stage of the transpose: rows i and i + B swap their off-diagonal B-wide blocks. */

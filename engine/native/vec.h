@@ -82,11 +82,8 @@ static inline float hmax16(vf16 v) {
 /* exp of softmax arguments (x <= 0) on sixteen lanes: Cody-Waite range reduction (x = n ln2 + r,
  * n rounded to nearest) and a degree-6 polynomial, within 2 ulp of expf; arguments below -87
  * (and -inf) give exactly 0. */
-static inline vf16 vexp_nonpositive(vf16 x) {
-    const vi16 underflow = x < splat16(-87.0f);
-    x = select16(underflow, splat16(-87.0f), x);
-    const vf16 magic = splat16(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    const vf16 n = (x * 1.44269504088896341f + magic) - magic;
+static inline vf16 vexp_reduced(vf16 x, vf16 n) {
+    /* e^(x - n ln 2), for n the integer nearest x / ln 2: Cody-Waite, then the polynomial. */
     const vf16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
     vf16 p = splat16(1.9875691500e-4f);
     p = p * r + 1.3981999507e-3f;
@@ -94,7 +91,15 @@ static inline vf16 vexp_nonpositive(vf16 x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r + 1.0f;
+}
+
+static inline vf16 vexp_nonpositive(vf16 x) {
+    const vi16 underflow = x < splat16(-87.0f);
+    x = select16(underflow, splat16(-87.0f), x);
+    const vf16 magic = splat16(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const vf16 n = (x * 1.44269504088896341f + magic) - magic;
+    const vf16 p = vexp_reduced(x, n);
     const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
     return select16(underflow, splat16(0.0f), p * (vf16)bits);
 }
