@@ -1,7 +1,9 @@
 /* AMX tiles for the bfloat16 attention kernels in this folder: whether the build has them,
  * asking Linux for the right to use them, the one tile shape the kernels use (16 rows of 64
- * bytes: sixteen bfloat16 pairs or sixteen floats a row) and a 16 x 16 transpose of 32-bit
- * values (bfloat16 pairs) that turns pairs of keys laid out by row into rows laid out by key.
+ * bytes: sixteen bfloat16 pairs or sixteen floats a row), a 16 x 16 transpose of 32-bit values
+ * (bfloat16 pairs) that turns pairs of keys laid out by row into rows laid out by key, and the
+ * attention of up to 48 query rows of one KV head over a run of paged keys that both kernels
+ * call (atrium_amx_attend).
  *
  * A tile product C[16 x 16] += A[16 x 32] . B[32 x 16] takes A as 16 rows of 32 bfloat16 values
  * and B as 16 rows of 16 bfloat16 pairs (B's rows 2i and 2i + 1 interleaved): the pair dot
@@ -104,8 +106,8 @@ typedef struct {
     uint16_t *kb;  /* [16][D] K rows of a block that do not lie one page apart */
     float *s;      /* [KB][ROWS] scores, then probabilities */
     uint32_t *p2;  /* [KB/2][ROWS] pairs of keys' probabilities, by row */
-    uint32_t *pt;  /* [2][NV][16][16] the same, transposed: each row's 32 keys (two blocks) */
-    uint32_t *vp;  /* [2][KB/2][D] pairs of keys' V, by head dim (two blocks) */
+    uint32_t *pt;  /* [NV][16][16] the same, transposed: each row's 32 keys */
+    uint32_t *vp;  /* [KB/2][D] pairs of keys' V, by head dim */
     float *m, *l;  /* [ROWS] reference max and running sum */
     int *lim;             /* [ROWS] the last key each row sees */
 } atrium_amx_scratch_t;
@@ -122,7 +124,7 @@ typedef struct {
 static size_t atrium_amx_scratch_floats(int D) {
     const int R = ATRIUM_AMX_ROWS, KB = ATRIUM_AMX_KB;
     return (size_t)D / 2 * R + (size_t)R * D + (size_t)8 * D + (size_t)KB * R +
-           (size_t)KB / 2 * R + (size_t)2 * ATRIUM_AMX_NV * 256 + (size_t)KB * D + 3 * (size_t)R;
+           (size_t)KB / 2 * R + (size_t)ATRIUM_AMX_NV * 256 + (size_t)KB / 2 * D + 3 * (size_t)R;
 }
 
 static void atrium_amx_scratch_bind(atrium_amx_scratch_t *w, float *base, int D) {
@@ -133,8 +135,8 @@ static void atrium_amx_scratch_bind(atrium_amx_scratch_t *w, float *base, int D)
     w->s = (float *)(w->kb + (size_t)16 * D);
     w->p2 = (uint32_t *)(w->s + (size_t)KB * R);
     w->pt = w->p2 + (size_t)KB / 2 * R;
-    w->vp = w->pt + (size_t)2 * ATRIUM_AMX_NV * 256;
-    w->m = (float *)(w->vp + (size_t)KB * D);
+    w->vp = w->pt + (size_t)ATRIUM_AMX_NV * 256;
+    w->m = (float *)(w->vp + (size_t)KB / 2 * D);
     w->l = w->m + R;
     w->lim = (int *)(w->l + R);
 }
@@ -190,8 +192,7 @@ static inline __attribute__((always_inline)) void atrium_amx_pv(
 
 /* Rows 0 .. R - 1 (and the padding up to a multiple of 16) over keys 0 .. kv_end - 1; keys up
  * to ``unmasked`` are seen by every row. Per block: V pairs, scores (tiles), softmax (vectors),
- * output product (tiles). P and V pairs alternate between two buffers, so that a block's
- * vector stores never land on lines the previous block's tile loads may still be reading. */
+ * output product (tiles). */
 static inline __attribute__((always_inline)) void atrium_amx_attend(
     const atrium_amx_keys_t *keys, int kv_end, int unmasked, int R, float scale,
     const atrium_amx_scratch_t *w, const int D) {
@@ -199,18 +200,15 @@ static inline __attribute__((always_inline)) void atrium_amx_attend(
     const int nv = (R + 15) / 16;
     const int64_t tok_bytes = keys->tok_bytes;
     const int64_t v_bytes = (int64_t)keys->page_size * tok_bytes; /* a page's K to its V */
-    uint32_t *qt2 = w->qt2, *p2 = w->p2;
+    uint32_t *qt2 = w->qt2, *p2 = w->p2, *pt = w->pt, *vp = w->vp;
     float *ot = w->ot, *s = w->s, *m = w->m, *l = w->l;
     const int *lim = w->lim;
     /* Lane pairs (2r, 2r + 1) <- (r, 16 + r): two rows of sixteen bfloat16s, interleaved. */
     const __m512i interleave = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
         19, 3, 18, 2, 17, 1, 16, 0);
-    int cur = 0; /* which of the two buffers of P and V pairs this block writes */
 
-    for (int k0 = 0; k0 < kv_end; k0 += KB, cur ^= 1) {
-        uint32_t *pt = w->pt + (size_t)cur * ATRIUM_AMX_NV * 256;
-        uint32_t *vp = w->vp + (size_t)cur * KB / 2 * D;
+    for (int k0 = 0; k0 < kv_end; k0 += KB) {
         const int nk = kv_end - k0 < KB ? kv_end - k0 : KB;
         const char *krow[ATRIUM_AMX_KB];
         paged_rows(keys->head, keys->table, k0, nk, keys->page_size, tok_bytes, 2 * v_bytes, krow);

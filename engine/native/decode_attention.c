@@ -313,9 +313,8 @@ int atrium_decode_attention(
     int32_t *group_item = NULL; /* per prefix item: first member (index into order), members */
     int64_t group_items = 0;
 #if ATRIUM_AMX
-    const int amx = bf16 && head_dim % 32 == 0 && num_decodes > 1 && atrium_amx_permitted();
     const int per_item = ATRIUM_AMX_ROWS / G; /* members whose rows fit one item */
-    if (amx) {
+    if (bf16 && head_dim % 32 == 0 && num_decodes > 1 && atrium_amx_permitted()) {
         shared = calloc((size_t)num_decodes, sizeof(int32_t));
         group_item = malloc(sizeof(int32_t) * 2 * (size_t)num_decodes);
         if (shared == NULL || group_item == NULL) failed = 1;
@@ -351,8 +350,6 @@ int atrium_decode_attention(
             if (partial == NULL) failed = 1;
         }
     }
-#else
-    const int amx = 0;
 #endif
     const int64_t prefix_items = failed ? 0 : group_items * num_kv_heads;
 
@@ -464,7 +461,6 @@ int atrium_decode_attention(
         free(scores);
     }
 #undef SEQ
-    (void)amx;
     free(order);
     free(shared);
     free(partial);

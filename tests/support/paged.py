@@ -13,6 +13,9 @@ from engine.attention.backend import AttentionBackend, allocate_kv_caches
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.model.llama import LlamaForCausalLM
 
+# Whether this CPU has AMX tiles (the bfloat16 attention kernels then multiply through them).
+HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
 
 @dataclass(slots=True)
 class PagedSeq:

@@ -19,13 +19,18 @@ from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model.config import ModelConfig
 from engine.native.build import build_library, native_enabled
-from tests.support.paged import causal_attention, csr, filled_cache, shared_prefix_cache
+from tests.support.paged import (
+    HAS_AMX,
+    causal_attention,
+    csr,
+    filled_cache,
+    shared_prefix_cache,
+)
 
 KERNEL = load_decode_kernel()
 needs_kernel = pytest.mark.skipif(
     KERNEL is None, reason="no C compiler here (the torch decode path is tested without one)"
 )
-HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -18,13 +18,12 @@ from engine.attention.native_attention import (
     try_load_decode_kernel,
 )
 from engine.attention.torch_backend import TorchAttentionBackend
-from tests.support.paged import causal_attention, csr, filled_cache
+from tests.support.paged import HAS_AMX, causal_attention, csr, filled_cache
 
 KERNEL = load_chunk_kernel()
 needs_kernel = pytest.mark.skipif(
     KERNEL is None, reason="no C compiler here (the SDPA chunk path is tested without one)"
 )
-HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def run_chunks(
