@@ -1,9 +1,7 @@
 /* AMX tiles for the bfloat16 attention kernels in this folder: whether the build has them,
  * asking Linux for the right to use them, the one tile shape the kernels use (16 rows of 64
- * bytes: sixteen bfloat16 pairs or sixteen floats a row), a 16 x 16 transpose of 32-bit values
- * (bfloat16 pairs) that turns pairs of keys laid out by row into rows laid out by key, and the
- * attention of up to 48 query rows of one KV head over a run of paged keys that both kernels
- * call (atrium_amx_attend).
+ * bytes: sixteen bfloat16 pairs or sixteen floats a row), and the attention of up to 48 query
+ * rows of one KV head over a run of paged keys that both kernels call (atrium_amx_attend).
  *
  * A tile product C[16 x 16] += A[16 x 32] . B[32 x 16] takes A as 16 rows of 32 bfloat16 values
  * and B as 16 rows of 16 bfloat16 pairs (B's rows 2i and 2i + 1 interleaved): the pair dot
@@ -57,31 +55,6 @@ static inline vf16 atrium_exp(vf16 x) {
     const vf16 n = (vf16)_mm512_roundscale_ps((__m512)(xc * 1.44269504088896341f),
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     return (vf16)_mm512_maskz_scalef_ps(live, (__m512)vexp_reduced(xc, n), (__m512)n);
-}
-
-/* One stage of the transpose: rows i and i + B swap their off-diagonal B-wide blocks. */
-#define ATRIUM_TLO(L, B) (((L) & (B)) ? 16 + (L) - (B) : (L))
-#define ATRIUM_THI(L, B) (((L) & (B)) ? 16 + (L) : (L) + (B))
-#define ATRIUM_TMASK(F, B)                                                                       \
-    F(0, B), F(1, B), F(2, B), F(3, B), F(4, B), F(5, B), F(6, B), F(7, B), F(8, B), F(9, B),     \
-        F(10, B), F(11, B), F(12, B), F(13, B), F(14, B), F(15, B)
-#define ATRIUM_TSTAGE(r, B)                                                                      \
-    for (int i = 0; i < 16; i++)                                                                 \
-        if (!(i & (B))) {                                                                        \
-            const vu16 x = r[i], y = r[i + (B)];                                                 \
-            r[i] = __builtin_shufflevector(x, y, ATRIUM_TMASK(ATRIUM_TLO, B));                   \
-            r[i + (B)] = __builtin_shufflevector(x, y, ATRIUM_TMASK(ATRIUM_THI, B));             \
-        }
-
-/* dst[j][i] = src[i][j] for a 16 x 16 block of 32-bit values; src rows ``stride`` apart. */
-static inline void atrium_transpose16(const uint32_t *src, int64_t stride, uint32_t *dst) {
-    vu16 r[16];
-    for (int i = 0; i < 16; i++) memcpy(&r[i], src + i * stride, sizeof r[i]);
-    ATRIUM_TSTAGE(r, 8)
-    ATRIUM_TSTAGE(r, 4)
-    ATRIUM_TSTAGE(r, 2)
-    ATRIUM_TSTAGE(r, 1)
-    for (int i = 0; i < 16; i++) memcpy(dst + 16 * i, &r[i], sizeof r[i]);
 }
 
 /* Attention of up to ATRIUM_AMX_ROWS query rows of one KV head over keys 0 .. kv_end - 1 of a

@@ -26,6 +26,10 @@
 #include "vec.h"
 
 #define MAX_CHUNKS (ATRIUM_MAX_DIM / 16) /* head_dim / 16 */
+#define GROUP_MIN_TOKENS 32 /* the shortest shared prefix attended once for its group */
+#ifndef ATRIUM_DECODE_ALONE
+#define ATRIUM_DECODE_ALONE 0 /* 1: every decode attends on its own (a build for tests) */
+#endif
 
 typedef struct {
     int num_heads;
@@ -117,6 +121,123 @@ static inline __attribute__((always_inline)) void score_dpbf16(
             vstore16(scores + (int64_t)g * kv_pad + t0,
                      select16(lane < splat16((float)n), dots, splat16(-INFINITY)));
         }
+    }
+}
+#endif
+
+#if ATRIUM_DPBF16
+/* Decodes over a shared prefix without AMX: up to ATRIUM_DP_ROWS query rows (the members' query
+ * heads for one KV head) attend the prefix together, sixteen keys at a time. Each block of keys
+ * is transposed once (a lane per key, a register per pair of dimensions), so each row's sixteen
+ * scores are D / 2 pair dot products with no horizontal sums, and every key and value is read
+ * once for all the rows. The result is what ``attend_item`` carries in as its prior: per row
+ * the output weighted by exp(score - max) (rounded to bfloat16, as probabilities are), then the
+ * max and the sum of those weights. */
+#define ATRIUM_DP_ROWS 16
+
+/* Scratch of one thread for ``attend_prefix_dp``: scores [ATRIUM_DP_ROWS][tokens rounded up to
+ * 16] and the values as pairs of tokens [tokens / 2 rounded up][D] (uint32). */
+static inline size_t prefix_dp_floats(int tokens, int D) {
+    const size_t pad = (size_t)(tokens + 15) & ~(size_t)15;
+    return ATRIUM_DP_ROWS * pad + pad / 2 * (size_t)D;
+}
+
+static inline __attribute__((always_inline)) void attend_prefix_dp(
+    const uint16_t *const *q_rows, /* R query rows of D bfloat16 values */
+    const int R, const char *cache_h, /* the layer's cache, offset to this KV head */
+    const int32_t *table, int tokens, const shape_t *s, const int D, float *scratch,
+    float *const *out /* R rows of D + 2 floats: output, max, sum */) {
+    const int J = D / 2; /* pairs of dimensions */
+    const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 2;
+    const int64_t v_bytes = (int64_t)s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
+    const int pad = (tokens + 15) & ~15;
+    float *scores = scratch;
+    uint32_t *vpairs = (uint32_t *)(scratch + (size_t)ATRIUM_DP_ROWS * pad);
+
+    /* Scores, sixteen keys a block: the block's K transposed (kt[j]: pair j of each key). */
+    for (int t0 = 0; t0 < tokens; t0 += 16) {
+        const int n = tokens - t0 < 16 ? tokens - t0 : 16;
+        const char *rows[16];
+        paged_rows(cache_h, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        vu16 kt[ATRIUM_MAX_DIM / 2];
+        for (int c = 0; c < J / 16; c++) {
+            vu16 *a = kt + 16 * c;
+            for (int t = 0; t < 16; t++) {
+                if (t < n)
+                    memcpy(&a[t], rows[t] + 64 * c, 64);
+                else
+                    a[t] = (vu16){0};
+            }
+            ATRIUM_TSTAGE(a, 8)
+            ATRIUM_TSTAGE(a, 4)
+            ATRIUM_TSTAGE(a, 2)
+            ATRIUM_TSTAGE(a, 1)
+        }
+        vf16 acc[ATRIUM_DP_ROWS];
+        for (int r = 0; r < R; r++) acc[r] = (vf16){0};
+        for (int j = 0; j < J; j++)
+            for (int r = 0; r < R; r++) {
+                uint32_t pair;
+                memcpy(&pair, q_rows[r] + 2 * j, 4);
+                acc[r] = (vf16)_mm512_dpbf16_ps((__m512)acc[r], (__m512bh)_mm512_set1_epi32((int)pair),
+                                                (__m512bh)kt[j]);
+            }
+        vf16 lane;
+        for (int t = 0; t < 16; t++) lane[t] = (float)t;
+        for (int r = 0; r < R; r++)
+            vstore16(scores + (size_t)r * pad + t0,
+                     select16(lane < splat16((float)n), vbf16_round(acc[r]) * s->scale,
+                              splat16(-INFINITY)));
+    }
+
+    /* Weights exp(score - max), rounded to bfloat16 where they weight V; their sum unrounded. */
+    for (int r = 0; r < R; r++) {
+        float *sr = scores + (size_t)r * pad;
+        vf16 peak = splat16(-INFINITY);
+        for (int t = 0; t < pad; t += 16) peak = max16(peak, vload16(sr + t));
+        const float top_s = hmax16(peak);
+        const vf16 top = splat16(top_s);
+        vf16 total = (vf16){0};
+        for (int t = 0; t < pad; t += 16) {
+            const vf16 e = vexp_nonpositive(vload16(sr + t) - top);
+            total += e;
+            vstore16(sr + t, vbf16_round(e));
+        }
+        out[r][D] = top_s;
+        out[r][D + 1] = hsum16(total);
+    }
+
+    /* V as pairs of tokens, once for all rows; then rows a few at a time against them. */
+    const char *v_base = cache_h + v_bytes;
+    for (int t0 = 0; t0 < tokens; t0 += 16) {
+        const int n = tokens - t0 < 16 ? tokens - t0 : 16;
+        const char *rows[16];
+        paged_rows(v_base, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        for (int t = 0; t < n; t += 2)
+            pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D,
+                      vpairs + (size_t)(t0 + t) / 2 * D);
+    }
+    const int C = D / 16, RT = C <= 4 ? 6 : C <= 8 ? 3 : 1;
+    for (int r0 = 0; r0 < R; r0 += RT) {
+        const int nr = R - r0 < RT ? R - r0 : RT;
+        vf16 o[6][ATRIUM_MAX_DIM / 16];
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < C; c++) o[r][c] = (vf16){0};
+        for (int t = 0; t < tokens; t += 2) {
+            const uint32_t *vp = vpairs + (size_t)t / 2 * D;
+            for (int r = 0; r < nr; r++) {
+                uint32_t even, odd;
+                memcpy(&even, scores + (size_t)(r0 + r) * pad + t, 4);
+                memcpy(&odd, scores + (size_t)(r0 + r) * pad + t + 1, 4);
+                const __m512bh p =
+                    (__m512bh)_mm512_set1_epi32((int)((even >> 16) | (odd & 0xffff0000u)));
+                for (int c = 0; c < C; c++)
+                    o[r][c] = (vf16)_mm512_dpbf16_ps((__m512)o[r][c],
+                                                      (__m512bh)_mm512_loadu_si512(vp + 16 * c), p);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < C; c++) vstore16(out[r0 + r] + 16 * c, o[r][c]);
     }
 }
 #endif
@@ -304,17 +425,24 @@ int atrium_decode_attention(
     const int64_t items = (int64_t)num_decodes * num_kv_heads;
     int failed = 0;
 
-    /* Groups: runs of decodes over the same leading pages (a cached prefix they share). With
-     * AMX, each group's prefix is attended once for all its members (their query heads as the
-     * rows of tile products, amx.h), and each member then covers only its own tokens, carrying
-     * the prefix's share in (``prior``). */
+    /* Groups: runs of decodes over the same leading pages (a cached prefix they share). Each
+     * group's prefix is attended once for all its members (their query heads the rows of tile
+     * products with AMX, amx.h, or of pair dot products over transposed keys without), and each
+     * member then covers only its own tokens, carrying the prefix's share in (``prior``). */
     int32_t *shared = NULL;   /* [num_decodes] prefix tokens covered by the group, or 0 */
     float *partial = NULL;    /* [num_decodes][num_heads][D + 2] the prefix's share */
     int32_t *group_item = NULL; /* per prefix item: first member (index into order), members */
     int64_t group_items = 0;
+    int max_shared = 0;
+#if ATRIUM_DPBF16
 #if ATRIUM_AMX
-    const int per_item = ATRIUM_AMX_ROWS / G; /* members whose rows fit one item */
-    if (bf16 && head_dim % 32 == 0 && num_decodes > 1 && atrium_amx_permitted()) {
+    const int amx = atrium_amx_permitted();
+    const int per_item = (amx ? ATRIUM_AMX_ROWS : ATRIUM_DP_ROWS) / G; /* members an item holds */
+#else
+    const int amx = 0;
+    const int per_item = ATRIUM_DP_ROWS / G;
+#endif
+    if (bf16 && head_dim % 32 == 0 && num_decodes > 1 && per_item > 1 && !ATRIUM_DECODE_ALONE) {
         shared = calloc((size_t)num_decodes, sizeof(int32_t));
         group_item = malloc(sizeof(int32_t) * 2 * (size_t)num_decodes);
         if (shared == NULL || group_item == NULL) failed = 1;
@@ -335,8 +463,9 @@ int atrium_decode_attention(
                 common = p;
             }
             const int tokens = common * page_size;
-            if (j - i >= 2 && tokens >= ATRIUM_AMX_KB) {
+            if (j - i >= 2 && tokens >= GROUP_MIN_TOKENS) {
                 for (int k = i; k < j; k++) shared[SEQ(k)] = tokens;
+                max_shared = tokens > max_shared ? tokens : max_shared;
                 for (int k = i; k < j; k += per_item) {
                     group_item[2 * group_items] = k;
                     group_item[2 * group_items + 1] = j - k < per_item ? j - k : per_item;
@@ -352,11 +481,13 @@ int atrium_decode_attention(
     }
 #endif
     const int64_t prefix_items = failed ? 0 : group_items * num_kv_heads;
+    (void)prefix_items; /* unused where neither grouping is built */
+    (void)max_shared;
 
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
 #if ATRIUM_AMX
-        if (prefix_items > 0) {
+        if (prefix_items > 0 && amx) {
             float *base = malloc(sizeof(float) * atrium_amx_scratch_floats(head_dim));
             atrium_amx_scratch_t w = {0};
             if (base == NULL)
@@ -399,6 +530,36 @@ int atrium_decode_attention(
                 }
             }
             if (base != NULL) _tile_release();
+            free(base);
+        }
+#endif
+#if ATRIUM_DPBF16
+        if (prefix_items > 0 && !amx) {
+            float *base = malloc(sizeof(float) * prefix_dp_floats(max_shared, head_dim));
+            if (base == NULL) failed = 1;
+            /* Each group's prefix, for up to per_item of its members, one KV head. */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < prefix_items; item++) {
+                if (base == NULL) continue;
+                const int first = group_item[2 * (item / num_kv_heads)];
+                const int members = group_item[2 * (item / num_kv_heads) + 1];
+                const int kvh = (int)(item % num_kv_heads);
+                const int R = members * G;
+                const uint16_t *rows[ATRIUM_DP_ROWS];
+                float *dst[ATRIUM_DP_ROWS];
+                for (int r = 0; r < R; r++) {
+                    const size_t seq = (size_t)SEQ(first + r / G), head = (size_t)(kvh * G + r % G);
+                    rows[r] = (const uint16_t *)q + seq * (size_t)q_row_stride + head * head_dim;
+                    dst[r] = partial + (seq * num_heads + head) * (head_dim + 2);
+                }
+                const char *cache_h = (const char *)cache + (size_t)kvh * head_dim * 2;
+                const int32_t *table = pages + page_starts[SEQ(first)];
+                const int tokens = shared[SEQ(first)];
+                if (head_dim == 64)
+                    attend_prefix_dp(rows, R, cache_h, table, tokens, &s, 64, base, dst);
+                else
+                    attend_prefix_dp(rows, R, cache_h, table, tokens, &s, head_dim, base, dst);
+            }
             free(base);
         }
 #endif

@@ -1,7 +1,7 @@
 /* What the attention kernels in this folder share: their limits, whether the CPU has bfloat16
  * pair dot products, a vector exp for softmax, sixteen-float vectors, loads that widen bfloat16
- * to float32, the rows of a run of tokens in the paged cache, and the pairing of two bfloat16
- * rows for pair dot products. */
+ * to float32, the rows of a run of tokens in the paged cache, the pairing of two bfloat16
+ * rows for pair dot products, and a 16 x 16 transpose of 32-bit values (bfloat16 pairs). */
 #ifndef ATRIUM_VEC_H
 #define ATRIUM_VEC_H
 
@@ -149,4 +149,30 @@ static inline void pair_rows(const void *x, const void *y, int D, uint32_t *out)
         memcpy(out + 32 * c + 16, &hi, sizeof hi);
     }
 }
+
+/* One stage of the transpose: rows i and i + B swap their off-diagonal B-wide blocks. */
+#define ATRIUM_TLO(L, B) (((L) & (B)) ? 16 + (L) - (B) : (L))
+#define ATRIUM_THI(L, B) (((L) & (B)) ? 16 + (L) : (L) + (B))
+#define ATRIUM_TMASK(F, B)                                                                       \
+    F(0, B), F(1, B), F(2, B), F(3, B), F(4, B), F(5, B), F(6, B), F(7, B), F(8, B), F(9, B),     \
+        F(10, B), F(11, B), F(12, B), F(13, B), F(14, B), F(15, B)
+#define ATRIUM_TSTAGE(r, B)                                                                      \
+    for (int i = 0; i < 16; i++)                                                                 \
+        if (!(i & (B))) {                                                                        \
+            const vu16 x = r[i], y = r[i + (B)];                                                 \
+            r[i] = __builtin_shufflevector(x, y, ATRIUM_TMASK(ATRIUM_TLO, B));                   \
+            r[i + (B)] = __builtin_shufflevector(x, y, ATRIUM_TMASK(ATRIUM_THI, B));             \
+        }
+
+/* dst[j][i] = src[i][j] for a 16 x 16 block of 32-bit values; src rows ``stride`` apart. */
+static inline void atrium_transpose16(const uint32_t *src, int64_t stride, uint32_t *dst) {
+    vu16 r[16];
+    for (int i = 0; i < 16; i++) memcpy(&r[i], src + i * stride, sizeof r[i]);
+    ATRIUM_TSTAGE(r, 8)
+    ATRIUM_TSTAGE(r, 4)
+    ATRIUM_TSTAGE(r, 2)
+    ATRIUM_TSTAGE(r, 1)
+    for (int i = 0; i < 16; i++) memcpy(dst + 16 * i, &r[i], sizeof r[i]);
+}
+
 #endif

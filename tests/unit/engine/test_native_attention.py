@@ -17,10 +17,10 @@ from engine.attention.native_attention import (
 )
 from engine.attention.registry import create_backend
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.device import cpu_has_bf16_dot
 from engine.model.config import ModelConfig
 from engine.native.build import build_library, native_enabled
 from tests.support.paged import (
-    HAS_AMX,
     causal_attention,
     csr,
     filled_cache,
@@ -176,8 +176,15 @@ def test_no_compiler_or_switched_off_means_no_kernel(
 
 
 @pytest.fixture(scope="module")
-def pair_dot_decode_kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeKernel | None:
-    """The decode kernel built without AMX tiles: every decode on its own."""
+def alone_decode_kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeKernel | None:
+    """The decode kernel built to attend every decode on its own."""
+    return try_load_decode_kernel(tmp_path_factory.mktemp("alone"), ("-DATRIUM_DECODE_ALONE=1",))
+
+
+@pytest.fixture(scope="module")
+def no_amx_decode_kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeKernel | None:
+    """The decode kernel built without AMX tiles: groups attend their prefix through pair dot
+    products (what CPUs without AMX run)."""
     return try_load_decode_kernel(tmp_path_factory.mktemp("no-amx"), ("-mno-amx-tile",))
 
 
@@ -188,24 +195,29 @@ SHARED_GROUPS = [(32, [1, 5]), (96, [3] * 20), (64, [40, 1, 17]), (128, [9]), (1
 
 
 @pytest.mark.skipif(
-    KERNEL is None or not HAS_AMX,
-    reason="needs the C compiler and a CPU with AMX tiles (elsewhere every decode attends on "
-    "its own, tested above)",
+    KERNEL is None or not cpu_has_bf16_dot(),
+    reason="needs the C compiler and a CPU with bfloat16 pair dot products (elsewhere every "
+    "decode attends on its own, tested above)",
 )
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (32, 2, 32)])
 @pytest.mark.parametrize("page_size", [4, 16, 32])
+@pytest.mark.parametrize("build", ["default", "no-amx"])
 def test_decodes_over_a_shared_prefix_attend_it_together(
-    pair_dot_decode_kernel: DecodeKernel | None,
+    alone_decode_kernel: DecodeKernel | None,
+    no_amx_decode_kernel: DecodeKernel | None,
+    build: str,
     heads: int,
     kv_heads: int,
     dim: int,
     page_size: int,
 ) -> None:
-    """With AMX, decodes whose tables start with the same pages attend that prefix together
-    (their query heads the rows of tile products) and then each its own tokens, carrying the
-    prefix's share in. In any order of the step's decodes the result matches exact attention
-    and the build that attends every decode on its own, within bfloat16 rounding."""
-    assert KERNEL is not None and pair_dot_decode_kernel is not None
+    """Decodes whose tables start with the same pages attend that prefix together (their query
+    heads the rows of AMX tile products, or of pair dot products over transposed keys without
+    AMX) and then each its own tokens, carrying the prefix's share in. In any order of the
+    step's decodes the result matches exact attention and the build that attends every decode
+    on its own, within bfloat16 rounding."""
+    kernel = KERNEL if build == "default" else no_amx_decode_kernel
+    assert kernel is not None and alone_decode_kernel is not None
     groups = [(max(p, page_size) // page_size * page_size, tails) for p, tails in SHARED_GROUPS]
     cache, tables, keys, values = shared_prefix_cache(
         groups, page_size, kv_heads, dim, torch.bfloat16, seed=dim + page_size
@@ -216,8 +228,8 @@ def test_decodes_over_a_shared_prefix_attend_it_together(
     values = [values[i] for i in order]
     kv_lens = [k.shape[0] for k in keys]
     q = torch.randn(len(tables), heads, dim).to(torch.bfloat16)
-    together = KERNEL(q, cache, *csr(tables, kv_lens))
-    alone = pair_dot_decode_kernel(q, cache, *csr(tables, kv_lens))
+    together = kernel(q, cache, *csr(tables, kv_lens))
+    alone = alone_decode_kernel(q, cache, *csr(tables, kv_lens))
     torch.testing.assert_close(together.float(), alone.float(), atol=8e-3, rtol=1.6e-2)
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         exact = reference(q[i], k, v)
