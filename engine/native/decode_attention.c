@@ -134,6 +134,18 @@ static inline __attribute__((always_inline)) void score_dpbf16(
  * the output weighted by exp(score - max) (rounded to bfloat16, as probabilities are), then the
  * max and the sum of those weights. */
 #define ATRIUM_DP_ROWS 16
+#define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
+
+/* Ask for one head's rows of tokens pos .. pos + 15 (those below ``tokens``) ahead of use:
+ * a group's pages lie scattered and are read once, so nothing else brings them in time. */
+static inline void prefetch_block(const char *base, const int32_t *table, int pos, int tokens,
+                                  const shape_t *s, int64_t tok_bytes, const int D) {
+    const char *rows[16];
+    const int n = tokens - pos < 16 ? tokens - pos : 16;
+    paged_rows(base, table, pos, n, s->page_size, tok_bytes, 2 * s->page_size * tok_bytes, rows);
+    for (int t = 0; t < n; t++)
+        for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(rows[t] + line, 0, 3);
+}
 
 /* Scratch of one thread for ``attend_prefix_dp``: scores [ATRIUM_DP_ROWS][tokens rounded up to
  * 16] and the values as pairs of tokens [tokens / 2 rounded up][D] (uint32). */
@@ -159,6 +171,7 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
         const int n = tokens - t0 < 16 ? tokens - t0 : 16;
         const char *rows[16];
         paged_rows(cache_h, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        prefetch_block(cache_h, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D);
         vu16 kt[ATRIUM_MAX_DIM / 2];
         for (int c = 0; c < J / 16; c++) {
             vu16 *a = kt + 16 * c;
@@ -213,6 +226,7 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
         const int n = tokens - t0 < 16 ? tokens - t0 : 16;
         const char *rows[16];
         paged_rows(v_base, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        prefetch_block(v_base, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D);
         for (int t = 0; t < n; t += 2)
             pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D,
                       vpairs + (size_t)(t0 + t) / 2 * D);
