@@ -20,7 +20,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.native_ops import DTYPES as NATIVE_DTYPES
 from engine.model.native_ops import NativeOps, load_native_ops
-from engine.model.packed_linear import pack, project, project_add
+from engine.model.packed_linear import Packed, pack, project, project_add
 from engine.model.rope import RopeTables, rope_cos_sin, rope_inplace, signed_sin
 
 
@@ -54,8 +54,8 @@ class Attention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.qkv_packed: torch.Tensor | None = None  # see ``LlamaForCausalLM.pack_weights``
-        self.o_packed: torch.Tensor | None = None
+        self.qkv_packed: Packed | None = None  # see ``LlamaForCausalLM.pack_weights``
+        self.o_packed: Packed | None = None
         self.native: NativeOps | None = None
 
     def forward(
@@ -90,8 +90,8 @@ class MLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.gate_up_packed: torch.Tensor | None = None
-        self.down_packed: torch.Tensor | None = None
+        self.gate_up_packed: Packed | None = None
+        self.down_packed: Packed | None = None
 
     def forward(
         self,
@@ -139,7 +139,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head: nn.Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.output_packed: torch.Tensor | None = None
+        self.output_packed: Packed | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 

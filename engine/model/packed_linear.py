@@ -12,16 +12,126 @@ about 0.65× the time at 8 rows, 0.85× at 32, the same at 2048.
 
 bf16 weights are packed on a CPU whose oneDNN supports bf16, float32 weights wherever oneDNN is
 available; everything else keeps the plain path (``pack`` returns None).
+
+On CPUs with AVX512-BF16 but no AMX, oneDNN's bf16 kernels reach about half the machine's
+pair-dot-product rate at decode batch sizes. There a bf16 weight also gets a copy laid out as
+pairs for ``engine/native/small_gemm.c``, which runs steps of up to ``SMALL_BATCH`` rows --
+but only where, checked on this machine at load time, it gives oneDNN's results bit for bit
+(it sums in oneDNN's order; a weight whose results differ keeps oneDNN for every batch).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from pathlib import Path
+from typing import NamedTuple
+
+import structlog
 import torch
 from torch.nn.functional import linear
+
+from engine.native.build import FOLDER, try_load
+
+log = structlog.get_logger(__name__)
 
 # The batch size oneDNN chooses its blocking for; any step size runs on the result (measured
 # here: a hint of 16 is within a few percent of the best hint from batch 1 to 512).
 BATCH_HINT = 16
+SMALL_BATCH = 64  # rows up to which the pair product runs, where it applies
+SMALL_GEMM_SOURCE = FOLDER / "small_gemm.c"
+# Batch sizes at which the pair product must equal oneDNN before a weight may use it.
+CHECK_ROWS = (1, 5, 13, 64)
+
+
+class Packed(NamedTuple):
+    """A projection weight laid out for the CPU."""
+
+    onednn: torch.Tensor  # oneDNN's blocked layout
+    pairs: torch.Tensor | None = None  # [out / 16, in / 2, 16, 2] for the pair product, or None
+
+
+class SmallGemm:
+    """ctypes binding of ``small_gemm.c``."""
+
+    def __init__(self, library: Path) -> None:
+        fn = ctypes.CDLL(str(library)).atrium_small_gemm_bf16
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [p, i64, p, p, p, i64, p, i64, i64, i64, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+        self.library = library
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [n, in] bf16, rows contiguous
+        pairs: torch.Tensor,  # from ``pair_layout``
+        residual: torch.Tensor | None = None,  # [n, out] bf16, rows contiguous
+    ) -> torch.Tensor:  # [n, out]
+        n, k = x.shape
+        out_features = pairs.shape[0] * 16
+        out = torch.empty((n, out_features), dtype=torch.bfloat16)
+        status = self._fn(
+            x.data_ptr(),
+            x.stride(0),
+            pairs.data_ptr(),
+            None,
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0),
+            out.data_ptr(),
+            n,
+            out_features,
+            k,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise ValueError(f"small gemm: unsupported shape {n} x {k} -> {out_features}")
+        return out
+
+
+@functools.cache
+def load_small_gemm() -> SmallGemm | None:
+    """The pair product where it is worth having: bf16 pair dot products and no AMX (with AMX,
+    oneDNN's tile kernels are faster); None elsewhere or where it cannot be built."""
+    from engine.device import cpu_has_bf16_dot
+
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    if amx or not cpu_has_bf16_dot():
+        return None
+    return try_load(SMALL_GEMM_SOURCE, SmallGemm)
+
+
+def pair_layout(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] (out a multiple of 16, in even) as [out / 16, in / 2, 16, 2]."""
+    out_features, in_features = weight.shape
+    blocks = weight.detach().reshape(out_features // 16, 16, in_features // 2, 2)
+    return blocks.permute(0, 2, 1, 3).contiguous()
+
+
+def _checked_pairs(weight: torch.Tensor, onednn: torch.Tensor) -> torch.Tensor | None:
+    """The pair layout of ``weight`` if the pair product equals oneDNN's on this machine (with
+    and without a residual, at every batch size in CHECK_ROWS), else None."""
+    gemm = load_small_gemm()
+    out_features, in_features = weight.shape
+    if gemm is None or weight.dtype != torch.bfloat16 or out_features % 16 or in_features % 2:
+        return None
+    pairs = pair_layout(weight)
+    gen = torch.Generator().manual_seed(out_features * 7919 + in_features)
+    for rows in CHECK_ROWS:
+        # Magnitudes spread over many binades, so that any other summation order shows.
+        scale = torch.exp2(torch.randint(-12, 12, (rows, in_features), generator=gen).float())
+        x = (torch.randn(rows, in_features, generator=gen) * scale).to(torch.bfloat16)
+        residual = torch.randn(rows, out_features, generator=gen).to(torch.bfloat16)
+        mkldnn = torch.ops.mkldnn._linear_pointwise
+        if not (
+            torch.equal(gemm(x, pairs), mkldnn(x, onednn, None, "none", [], ""))
+            and torch.equal(
+                gemm(x, pairs, residual), mkldnn.binary(x, residual, onednn, None, "add")
+            )
+        ):
+            log.debug("small_gemm_differs", shape=tuple(weight.shape), rows=rows)
+            return None
+    return pairs
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
@@ -37,35 +147,52 @@ def packing_supported(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` [out, in] in oneDNN's layout, or None where packing does not apply."""
+def pack(weight: torch.Tensor) -> Packed | None:
+    """``weight`` [out, in] laid out for oneDNN (and the pair product where it applies), or None
+    where packing does not apply."""
     if not packing_supported(weight):
         return None
-    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
-    return packed
+    onednn: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
+    return Packed(onednn, _checked_pairs(weight, onednn))
+
+
+def _small(x: torch.Tensor, packed: Packed) -> bool:
+    return packed.pairs is not None and x.shape[0] <= SMALL_BATCH and x.stride(1) == 1
 
 
 def project(
     x: torch.Tensor,  # [n, in]
     weight: torch.Tensor,  # [out, in]
-    packed: torch.Tensor | None,
+    packed: Packed | None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [n, out]
     """``x @ weight.T + bias``."""
     if packed is None:
         return linear(x, weight, bias)
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if bias is None and _small(x, packed):
+        assert packed.pairs is not None
+        gemm = load_small_gemm()
+        assert gemm is not None
+        return gemm(x, packed.pairs)
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed.onednn, bias, "none", [], "")
     return out
 
 
 def project_add(
     x: torch.Tensor,  # [n, in]
     weight: torch.Tensor,  # [out, in]
-    packed: torch.Tensor | None,
+    packed: Packed | None,
     residual: torch.Tensor,  # [n, out]
 ) -> torch.Tensor:  # [n, out]
     """``residual + x @ weight.T`` as one GEMM (the add is the GEMM's accumulate)."""
     if packed is None:
         return torch.addmm(residual, x, weight.t())
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, None, "add")
+    if _small(x, packed) and residual.stride(1) == 1:
+        assert packed.pairs is not None
+        gemm = load_small_gemm()
+        assert gemm is not None
+        return gemm(x, packed.pairs, residual)
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise.binary(
+        x, residual, packed.onednn, None, "add"
+    )
     return out

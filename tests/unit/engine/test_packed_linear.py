@@ -1,5 +1,5 @@
 """Pre-packed projections give the plain ones' results (bf16: bit-identical; float32: to
-rounding), per layer and per model."""
+rounding), per layer and per model; the small-batch pair product, where a weight keeps it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,17 @@ import torch
 from torch.nn.functional import linear
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.model import packed_linear
 from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
 from engine.model.loader import load_model
-from engine.model.packed_linear import pack, packing_supported, project, project_add
+from engine.model.packed_linear import (
+    load_small_gemm,
+    pack,
+    packing_supported,
+    pair_layout,
+    project,
+    project_add,
+)
 from tests.support.paged import PagedRunner, PagedSeq
 
 BF16_PACKING = packing_supported(torch.empty(1, dtype=torch.bfloat16))
@@ -102,3 +110,87 @@ def test_a_packed_float32_model_agrees_with_the_plain_one(tiny_llama_dir: Path) 
     packed, plain = packed_and_plain_logits(tiny_llama_dir, torch.float32)
     torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
     assert torch.equal(packed.argmax(-1), plain.argmax(-1))
+
+
+SMALL_GEMM = load_small_gemm()
+needs_pairs = pytest.mark.skipif(
+    SMALL_GEMM is None,
+    reason="no AVX512-BF16 without AMX here (or no C compiler): oneDNN runs every batch size",
+)
+
+
+@needs_pairs
+@pytest.mark.parametrize(("out_features", "in_features"), [(96, 64), (80, 1536), (64, 1100)])
+@pytest.mark.parametrize("num_tokens", [1, 5, 12, 13, 40])
+def test_the_pair_product_is_the_projection_within_bfloat16_rounding(
+    out_features: int, in_features: int, num_tokens: int
+) -> None:
+    """Whatever oneDNN does: bias-free products and fused residual adds against float64."""
+    assert SMALL_GEMM is not None
+    gen = torch.Generator().manual_seed(num_tokens + in_features)
+    weight = (torch.randn(out_features, in_features, generator=gen) / 8).bfloat16()
+    x = torch.randn(num_tokens, 2 * in_features, generator=gen).bfloat16()[:, :in_features]
+    residual = torch.randn(num_tokens, out_features, generator=gen).bfloat16()
+    exact = x.double() @ weight.double().t()
+    pairs = pair_layout(weight)
+    tol = {"rtol": 1e-2, "atol": 1e-2}
+    torch.testing.assert_close(SMALL_GEMM(x, pairs).double(), exact, **tol)
+    torch.testing.assert_close(
+        SMALL_GEMM(x, pairs, residual).double(), exact + residual.double(), **tol
+    )
+
+
+@needs_pairs
+@pytest.mark.parametrize("num_tokens", [1, 3, 8, 17, 64, 65, 300])
+def test_projections_with_pairs_equal_linear_and_addmm_at_every_batch_size(
+    num_tokens: int,
+) -> None:
+    """A weight keeps its pairs only after they matched oneDNN; then small batches take them
+    and large ones oneDNN, and both give linear's and addmm's bits."""
+    torch.manual_seed(num_tokens)
+    weight = (torch.randn(192, 576) / 8).bfloat16()
+    packed = pack(weight)
+    assert packed is not None
+    if packed.pairs is None:
+        pytest.skip("this machine's oneDNN sums in another order: the pairs are not used")
+    x = torch.randn(num_tokens, 600).bfloat16()[:, :576]
+    residual = torch.randn(num_tokens, 192).bfloat16()
+    assert torch.equal(project(x, weight, packed), linear(x, weight))
+    assert torch.equal(
+        project_add(x, weight, packed, residual), torch.addmm(residual, x, weight.t())
+    )
+
+
+def test_pairs_are_dropped_where_they_differ_from_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pair product that is off by one bfloat16 step anywhere is never used."""
+    weight = torch.randn(64, 128).bfloat16()
+    if not BF16_PACKING or SMALL_GEMM is None:
+        packed = pack(weight)
+        assert packed is None or packed.pairs is None
+        return
+
+    class OffByOne:
+        def __call__(
+            self, x: torch.Tensor, pairs: torch.Tensor, residual: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            assert SMALL_GEMM is not None
+            out = SMALL_GEMM(x, pairs, residual)
+            out.view(torch.int16)[-1, -1] += 1
+            return out
+
+    monkeypatch.setattr(packed_linear, "load_small_gemm", OffByOne)
+    packed = pack(weight)
+    assert packed is not None and packed.pairs is None
+    monkeypatch.undo()
+    packed = pack(weight)
+    assert packed is not None and packed.pairs is not None
+
+
+def test_weights_the_pair_product_cannot_take_keep_onednn_only() -> None:
+    for weight in (
+        torch.randn(40, 64).bfloat16(),
+        torch.randn(64, 33).bfloat16(),
+        torch.randn(64, 32),
+    ):
+        packed = pack(weight)
+        assert packed is None or packed.pairs is None
