@@ -453,7 +453,6 @@ int atrium_decode_attention(
     const int amx = atrium_amx_permitted();
     const int per_item = (amx ? ATRIUM_AMX_ROWS : ATRIUM_DP_ROWS) / G; /* members an item holds */
 #else
-    const int amx = 0;
     const int per_item = ATRIUM_DP_ROWS / G;
 #endif
     if (bf16 && head_dim % 32 == 0 && num_decodes > 1 && per_item > 1 && !ATRIUM_DECODE_ALONE) {
@@ -500,17 +499,21 @@ int atrium_decode_attention(
 
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
+#if ATRIUM_DPBF16
+        if (prefix_items > 0) {
+            /* Each group's prefix, for up to per_item of its members, one KV head. */
 #if ATRIUM_AMX
-        if (prefix_items > 0 && amx) {
-            float *base = malloc(sizeof(float) * atrium_amx_scratch_floats(head_dim));
+            float *base = malloc(sizeof(float) * (amx ? atrium_amx_scratch_floats(head_dim)
+                                                      : prefix_dp_floats(max_shared, head_dim)));
             atrium_amx_scratch_t w = {0};
-            if (base == NULL)
-                failed = 1;
-            else {
+            if (amx && base != NULL) {
                 atrium_amx_scratch_bind(&w, base, head_dim);
                 atrium_amx_configure();
             }
-            /* Each group's prefix, for up to per_item of its members, one KV head. */
+#else
+            float *base = malloc(sizeof(float) * prefix_dp_floats(max_shared, head_dim));
+#endif
+            if (base == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < prefix_items; item++) {
                 if (base == NULL) continue;
@@ -519,46 +522,36 @@ int atrium_decode_attention(
                 const int kvh = (int)(item % num_kv_heads);
                 const int tokens = shared[SEQ(first)];
                 const int R = members * G;
-                for (int r = 0; r < (R + 15) / 16 * 16; r++) {
-                    const int seq = r < R ? SEQ(first + r / G) : 0;
-                    w.lim[r] = tokens - 1;
-                    atrium_amx_set_row(&w, r,
-                                       r < R ? (const char *)q + ((size_t)seq * (size_t)q_row_stride +
-                                                                 (size_t)(kvh * G + r % G) * head_dim) * 2
-                                             : NULL,
-                                       head_dim);
+#if ATRIUM_AMX
+                if (amx) {
+                    for (int r = 0; r < (R + 15) / 16 * 16; r++) {
+                        const int seq = r < R ? SEQ(first + r / G) : 0;
+                        w.lim[r] = tokens - 1;
+                        atrium_amx_set_row(
+                            &w, r,
+                            r < R ? (const char *)q + ((size_t)seq * (size_t)q_row_stride +
+                                                       (size_t)(kvh * G + r % G) * head_dim) * 2
+                                  : NULL,
+                            head_dim);
+                    }
+                    const atrium_amx_keys_t keys = {
+                        (const char *)cache + (size_t)kvh * head_dim * 2,
+                        pages + page_starts[SEQ(first)], page_size,
+                        (int64_t)num_kv_heads * head_dim * 2};
+                    if (head_dim == 64)
+                        atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, 64);
+                    else
+                        atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, head_dim);
+                    for (int r = 0; r < R; r++) {
+                        float *dst = partial + ((size_t)SEQ(first + r / G) * num_heads +
+                                                (size_t)(kvh * G + r % G)) * (head_dim + 2);
+                        memcpy(dst, w.ot + (size_t)r * head_dim, sizeof(float) * (size_t)head_dim);
+                        dst[head_dim] = w.m[r];
+                        dst[head_dim + 1] = w.l[r];
+                    }
+                    continue;
                 }
-                const atrium_amx_keys_t keys = {(const char *)cache + (size_t)kvh * head_dim * 2,
-                                                pages + page_starts[SEQ(first)], page_size,
-                                                (int64_t)num_kv_heads * head_dim * 2};
-                if (head_dim == 64)
-                    atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, 64);
-                else
-                    atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, head_dim);
-                for (int r = 0; r < R; r++) {
-                    float *dst = partial + ((size_t)SEQ(first + r / G) * num_heads +
-                                            (size_t)(kvh * G + r % G)) * (head_dim + 2);
-                    memcpy(dst, w.ot + (size_t)r * head_dim, sizeof(float) * (size_t)head_dim);
-                    dst[head_dim] = w.m[r];
-                    dst[head_dim + 1] = w.l[r];
-                }
-            }
-            if (base != NULL) _tile_release();
-            free(base);
-        }
 #endif
-#if ATRIUM_DPBF16
-        if (prefix_items > 0 && !amx) {
-            float *base = malloc(sizeof(float) * prefix_dp_floats(max_shared, head_dim));
-            if (base == NULL) failed = 1;
-            /* Each group's prefix, for up to per_item of its members, one KV head. */
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t item = 0; item < prefix_items; item++) {
-                if (base == NULL) continue;
-                const int first = group_item[2 * (item / num_kv_heads)];
-                const int members = group_item[2 * (item / num_kv_heads) + 1];
-                const int kvh = (int)(item % num_kv_heads);
-                const int R = members * G;
                 const uint16_t *rows[ATRIUM_DP_ROWS];
                 float *dst[ATRIUM_DP_ROWS];
                 for (int r = 0; r < R; r++) {
@@ -568,12 +561,14 @@ int atrium_decode_attention(
                 }
                 const char *cache_h = (const char *)cache + (size_t)kvh * head_dim * 2;
                 const int32_t *table = pages + page_starts[SEQ(first)];
-                const int tokens = shared[SEQ(first)];
                 if (head_dim == 64)
                     attend_prefix_dp(rows, R, cache_h, table, tokens, &s, 64, base, dst);
                 else
                     attend_prefix_dp(rows, R, cache_h, table, tokens, &s, head_dim, base, dst);
             }
+#if ATRIUM_AMX
+            if (amx && base != NULL) _tile_release();
+#endif
             free(base);
         }
 #endif
