@@ -117,10 +117,14 @@ def _checked_pairs(weight: torch.Tensor, onednn: torch.Tensor) -> torch.Tensor |
         return None
     pairs = pair_layout(weight)
     gen = torch.Generator().manual_seed(out_features * 7919 + in_features)
+    probes = _order_probes(weight)
     for rows in CHECK_ROWS:
-        # Magnitudes spread over many binades, so that any other summation order shows.
+        # Magnitudes spread over many binades, so that any other summation order shows; the
+        # first rows probe where the sums' blocks begin and end.
         scale = torch.exp2(torch.randint(-12, 12, (rows, in_features), generator=gen).float())
         x = (torch.randn(rows, in_features, generator=gen) * scale).to(torch.bfloat16)
+        n = min(rows, probes.shape[0])
+        x[:n] = probes[:n]
         residual = torch.randn(rows, out_features, generator=gen).to(torch.bfloat16)
         mkldnn = torch.ops.mkldnn._linear_pointwise
         if not (
@@ -145,6 +149,34 @@ def packing_supported(weight: torch.Tensor) -> bool:
     if weight.dtype == torch.bfloat16:
         return bool(mkldnn._is_mkldnn_bf16_supported())
     return weight.dtype == torch.float32
+
+
+def _order_probes(weight: torch.Tensor) -> torch.Tensor:
+    """Inputs whose first output column depends on where partial sums start: each row has small
+    values and two huge ones of opposite sign at inputs i < j with equal weights in that
+    column, so the huge products cancel exactly, and the small products summed into the same
+    running sum between them are lost (fixed-order floats). Positions j run across the
+    input, at the ends of likely blocks."""
+    in_features = weight.shape[1]
+    column = weight[0].view(torch.int16).tolist()
+    first: dict[int, int] = {}
+    for index, bits in enumerate(column):
+        first.setdefault(bits, index)
+    ends = {in_features - 1, in_features // 3, in_features // 2, 2 * in_features // 3}
+    ends |= {b + d for b in range(256, in_features, 256) for d in (-1, 0)}
+    rows = []
+    gen = torch.Generator().manual_seed(in_features)
+    for end in sorted(e for e in ends if 0 < e < in_features):
+        for j in range(end, max(end - 64, 0), -1):
+            i = first[column[j]]
+            if i < j - 1 and column[j] & 0x7FFF:  # a nonzero weight seen well before
+                x = torch.rand(in_features, generator=gen) + 0.5
+                x[i], x[j] = 2.0**30, -(2.0**30)
+                rows.append(x)
+                break
+    if not rows:
+        return torch.empty(0, in_features, dtype=torch.bfloat16)
+    return torch.stack(rows).to(torch.bfloat16)
 
 
 def pack(weight: torch.Tensor) -> Packed | None:

@@ -194,3 +194,28 @@ def test_weights_the_pair_product_cannot_take_keep_onednn_only() -> None:
     ):
         packed = pack(weight)
         assert packed is None or packed.pairs is None
+
+
+@pytest.mark.parametrize("in_features", [576, 1536])
+def test_order_probes_tell_summation_blocks_apart(in_features: int) -> None:
+    """The check's probe rows give different first columns when the sum over the inputs is cut
+    into blocks at another place: any other order than oneDNN's shows."""
+    weight = (
+        torch.randn(32, in_features, generator=torch.Generator().manual_seed(1)) / 8
+    ).bfloat16()
+    x = packed_linear._order_probes(weight).float()
+    assert x.shape[0] >= 4
+    w = weight[0].float()
+
+    def blocked(block: int) -> torch.Tensor:
+        total = torch.zeros(x.shape[0])
+        for start in range(0, in_features, block):
+            partial = torch.zeros(x.shape[0])
+            for k in range(start, min(in_features, start + block)):
+                partial = partial + x[:, k] * w[k]
+            total = total + partial
+        return total.bfloat16()
+
+    one_pass, by_512, by_256 = blocked(in_features), blocked(512), blocked(256)
+    assert not torch.equal(one_pass, by_512)
+    assert not torch.equal(by_512, by_256)
