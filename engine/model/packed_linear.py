@@ -40,8 +40,12 @@ log = structlog.get_logger(__name__)
 BATCH_HINT = 16
 SMALL_BATCH = 64  # rows up to which the pair product runs, where it applies
 SMALL_GEMM_SOURCE = FOLDER / "small_gemm.c"
-# Batch sizes at which the pair product must equal oneDNN before a weight may use it.
+# Batch sizes at which the pair product must equal oneDNN before a weight may use it. oneDNN
+# picks its kernel (and so its order of sums) by shape and batch size, not by values: the first
+# weight of each shape is checked at every batch size up to SMALL_BATCH, the others of that
+# shape at these few, and a shape that failed once is not tried again.
 CHECK_ROWS = (1, 5, 13, 64)
+_SHAPES_CHECKED: dict[tuple[int, int], bool] = {}
 
 
 class Packed(NamedTuple):
@@ -110,15 +114,21 @@ def pair_layout(weight: torch.Tensor) -> torch.Tensor:
 
 def _checked_pairs(weight: torch.Tensor, onednn: torch.Tensor) -> torch.Tensor | None:
     """The pair layout of ``weight`` if the pair product equals oneDNN's on this machine (with
-    and without a residual, at every batch size in CHECK_ROWS), else None."""
+    and without a residual, at every batch size up to SMALL_BATCH for a shape's first weight,
+    at CHECK_ROWS for the others), else None."""
     gemm = load_small_gemm()
     out_features, in_features = weight.shape
     if gemm is None or weight.dtype != torch.bfloat16 or out_features % 16 or in_features % 2:
         return None
+    shape = (out_features, in_features)
+    known = _SHAPES_CHECKED.get(shape)
+    if known is False:
+        return None
+    batch_sizes = CHECK_ROWS if known else range(1, SMALL_BATCH + 1)
     pairs = pair_layout(weight)
     gen = torch.Generator().manual_seed(out_features * 7919 + in_features)
     probes = _order_probes(weight)
-    for rows in CHECK_ROWS:
+    for rows in batch_sizes:
         # Magnitudes spread over many binades, so that any other summation order shows; the
         # first rows probe where the sums' blocks begin and end.
         scale = torch.exp2(torch.randint(-12, 12, (rows, in_features), generator=gen).float())
@@ -133,8 +143,10 @@ def _checked_pairs(weight: torch.Tensor, onednn: torch.Tensor) -> torch.Tensor |
                 gemm(x, pairs, residual), mkldnn.binary(x, residual, onednn, None, "add")
             )
         ):
-            log.debug("small_gemm_differs", shape=tuple(weight.shape), rows=rows)
+            log.debug("small_gemm_differs", shape=shape, rows=rows)
+            _SHAPES_CHECKED[shape] = False
             return None
+    _SHAPES_CHECKED[shape] = True
     return pairs
 
 

@@ -178,8 +178,12 @@ def test_pairs_are_dropped_where_they_differ_from_onednn(monkeypatch: pytest.Mon
             out.view(torch.int16)[-1, -1] += 1
             return out
 
+    monkeypatch.setattr(packed_linear, "_SHAPES_CHECKED", {})  # nothing known of this shape
     monkeypatch.setattr(packed_linear, "load_small_gemm", OffByOne)
     packed = pack(weight)
+    assert packed is not None and packed.pairs is None
+    assert packed_linear._SHAPES_CHECKED == {(64, 128): False}
+    packed = pack(weight)  # a shape that failed is not tried again
     assert packed is not None and packed.pairs is None
     monkeypatch.undo()
     packed = pack(weight)
