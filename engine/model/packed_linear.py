@@ -61,7 +61,7 @@ class SmallGemm:
     def __init__(self, library: Path) -> None:
         fn = ctypes.CDLL(str(library)).atrium_small_gemm_bf16
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [p, i64, p, p, p, i64, p, i64, i64, i64, ctypes.c_int]
+        fn.argtypes = [p, i64, p, p, i64, p, i64, i64, i64, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
         self.library = library
@@ -79,7 +79,6 @@ class SmallGemm:
             x.data_ptr(),
             x.stride(0),
             pairs.data_ptr(),
-            None,
             None if residual is None else residual.data_ptr(),
             0 if residual is None else residual.stride(0),
             out.data_ptr(),
@@ -200,8 +199,18 @@ def pack(weight: torch.Tensor) -> Packed | None:
     return Packed(onednn, _checked_pairs(weight, onednn))
 
 
-def _small(x: torch.Tensor, packed: Packed) -> bool:
-    return packed.pairs is not None and x.shape[0] <= SMALL_BATCH and x.stride(1) == 1
+def _pair_product(
+    x: torch.Tensor, packed: Packed, residual: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """The small-batch pair product where the weight has pairs and the step is small enough;
+    None where oneDNN should run."""
+    if packed.pairs is None or x.shape[0] > SMALL_BATCH or x.stride(1) != 1:
+        return None
+    if residual is not None and residual.stride(1) != 1:
+        return None
+    gemm = load_small_gemm()
+    assert gemm is not None  # pairs are laid out only where it loaded
+    return gemm(x, packed.pairs, residual)
 
 
 def project(
@@ -213,11 +222,8 @@ def project(
     """``x @ weight.T + bias``."""
     if packed is None:
         return linear(x, weight, bias)
-    if bias is None and _small(x, packed):
-        assert packed.pairs is not None
-        gemm = load_small_gemm()
-        assert gemm is not None
-        return gemm(x, packed.pairs)
+    if bias is None and (small := _pair_product(x, packed)) is not None:
+        return small
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed.onednn, bias, "none", [], "")
     return out
 
@@ -231,11 +237,8 @@ def project_add(
     """``residual + x @ weight.T`` as one GEMM (the add is the GEMM's accumulate)."""
     if packed is None:
         return torch.addmm(residual, x, weight.t())
-    if _small(x, packed) and residual.stride(1) == 1:
-        assert packed.pairs is not None
-        gemm = load_small_gemm()
-        assert gemm is not None
-        return gemm(x, packed.pairs, residual)
+    if (small := _pair_product(x, packed, residual)) is not None:
+        return small
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise.binary(
         x, residual, packed.onednn, None, "add"
     )

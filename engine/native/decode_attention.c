@@ -72,6 +72,17 @@ static inline vf16 reduce16(const vf16 a[16]) {
     return __builtin_shufflevector(e, e, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
 }
 
+/* Ask for one head's bfloat16 rows of tokens pos .. pos + 15 (those below ``tokens``) ahead of
+ * use: pages lie scattered and are read once a step, so nothing else brings them in time. */
+static inline void prefetch_block(const char *base, const int32_t *table, int pos, int tokens,
+                                  const shape_t *s, int64_t tok_bytes, const int D) {
+    const char *rows[16];
+    const int n = tokens - pos < 16 ? tokens - pos : 16;
+    paged_rows(base, table, pos, n, s->page_size, tok_bytes, 2 * s->page_size * tok_bytes, rows);
+    for (int t = 0; t < n; t++)
+        for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(rows[t] + line, 0, 3);
+}
+
 #if ATRIUM_DPBF16
 /* bfloat16 scores of G query heads against every cached token, sixteen tokens at a time: each
  * dot product is D / 32 pair-dot instructions on the raw bfloat16 rows (products exact, sums in
@@ -95,12 +106,7 @@ static inline __attribute__((always_inline)) void score_dpbf16(
                    (const char **)k);
         /* The cache is read once per item, page by scattered page: fetch the next block's K
          * and this block's V (read by the value pass) ahead of use. */
-        const char *next[16];
-        const int n_next = kv_len - begin - t0 - 16 < 16 ? kv_len - begin - t0 - 16 : 16;
-        paged_rows(cache_b, table, begin + t0 + 16, n_next, s->page_size, tok_bytes, page_bytes,
-                   next);
-        for (int t = 0; t < n_next; t++)
-            for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(next[t] + line, 0, 3);
+        prefetch_block(cache_b, table, begin + t0 + 16, kv_len, s, tok_bytes, D);
         for (int t = 0; t < n; t++)
             for (int line = 0; line < D * 2; line += 64)
                 __builtin_prefetch((const char *)(k[t] + s->page_size * tok_stride) + line, 0, 3);
@@ -135,17 +141,6 @@ static inline __attribute__((always_inline)) void score_dpbf16(
  * max and the sum of those weights. */
 #define ATRIUM_DP_ROWS 16
 #define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
-
-/* Ask for one head's rows of tokens pos .. pos + 15 (those below ``tokens``) ahead of use:
- * a group's pages lie scattered and are read once, so nothing else brings them in time. */
-static inline void prefetch_block(const char *base, const int32_t *table, int pos, int tokens,
-                                  const shape_t *s, int64_t tok_bytes, const int D) {
-    const char *rows[16];
-    const int n = tokens - pos < 16 ? tokens - pos : 16;
-    paged_rows(base, table, pos, n, s->page_size, tok_bytes, 2 * s->page_size * tok_bytes, rows);
-    for (int t = 0; t < n; t++)
-        for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(rows[t] + line, 0, 3);
-}
 
 /* Scratch of one thread for ``attend_prefix_dp``: scores [ATRIUM_DP_ROWS][tokens rounded up to
  * 16] and the values as pairs of tokens [tokens / 2 rounded up][D] (uint32). */

@@ -1,6 +1,5 @@
 /* bfloat16 projections of a few rows (decode steps) through pair dot products, for CPUs with
- * AVX512-BF16 but no AMX: out[M x N] = x[M x K] . W^T (+ bias) (+ residual), rounded once to
- * bfloat16.
+ * AVX512-BF16 but no AMX: out[M x N] = x[M x K] . W^T (+ residual), rounded once to bfloat16.
  *
  * W is laid out once at load time as pairs: [N / 16][K / 2][16] 32-bit values, value (b, j, c)
  * holding W[16 b + c][2 j] in its low half and W[16 b + c][2 j + 1] in its high half, so one
@@ -23,17 +22,14 @@
 #define K_BLOCK 512  /* inputs summed from zero before they join the total */
 
 #if ATRIUM_DPBF16
-static inline __m512 widen(const uint16_t *p) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
 /* R rows (a compile-time constant below) by 16 * B columns (B 1 or 2) starting at ``col``. */
 static inline __attribute__((always_inline)) void tile(
-    const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t pairs, const uint16_t *bias,
-    const uint16_t *res, int64_t res_stride, uint16_t *out, int64_t out_stride, int64_t col,
-    const int R, const int B) {
+    const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t pairs, const uint16_t *res,
+    int64_t res_stride, uint16_t *out, int64_t out_stride, int64_t col, const int R,
+    const int B) {
     __m512 total[ROWS][2], acc[ROWS][2];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++) total[r][b] = _mm512_setzero_ps(); /* set by the first block */
     for (int64_t j0 = 0; j0 < pairs; j0 += K_BLOCK / 2) {
         const int64_t j1 = j0 + K_BLOCK / 2 < pairs ? j0 + K_BLOCK / 2 : pairs;
         for (int r = 0; r < R; r++)
@@ -56,20 +52,20 @@ static inline __attribute__((always_inline)) void tile(
     for (int r = 0; r < R; r++)
         for (int b = 0; b < B; b++) {
             __m512 v = total[r][b];
-            if (bias != NULL) v = _mm512_add_ps(v, widen(bias + col + 16 * b));
-            if (res != NULL) v = _mm512_add_ps(v, widen(res + r * res_stride + col + 16 * b));
+            if (res != NULL)
+                v = _mm512_add_ps(v, (__m512)load16(res + r * res_stride + col + 16 * b, 1));
             _mm256_storeu_si256((__m256i *)(out + r * out_stride + col + 16 * b),
                                 (__m256i)_mm512_cvtneps_pbh(v));
         }
 }
 #endif
 
-/* x [M, K] rows ``x_stride`` apart; w as above; bias [N] or NULL; residual [M, N] rows
- * ``res_stride`` apart or NULL; out [M, N] contiguous. Returns 0, or -2 where the shape is
+/* x [M, K] rows ``x_stride`` apart; w as above; residual [M, N] rows ``res_stride`` apart or
+ * NULL; out [M, N] contiguous. Returns 0, or -2 where the shape is
  * not supported (N not a multiple of 16, K odd) or the build has no pair dot products. */
 int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *w,
-                           const uint16_t *bias, const uint16_t *res, int64_t res_stride,
-                           uint16_t *out, int64_t M, int64_t N, int64_t K, int num_threads) {
+                           const uint16_t *res, int64_t res_stride, uint16_t *out, int64_t M,
+                           int64_t N, int64_t K, int num_threads) {
 #if ATRIUM_DPBF16
     if (N % 16 || K % 2 || M < 0) return -2;
     const int64_t pairs = K / 2, blocks = N / 16, tiles = (blocks + 1) / 2;
@@ -84,9 +80,9 @@ int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *
             uint16_t *orow = out + r0 * N;
 #define TILE(R)                                                                        \
     if (two)                                                                           \
-        tile(xr, x_stride, wt, pairs, bias, rr, res_stride, orow, N, b * 16, R, 2);    \
+        tile(xr, x_stride, wt, pairs, rr, res_stride, orow, N, b * 16, R, 2);       \
     else                                                                               \
-        tile(xr, x_stride, wt, pairs, bias, rr, res_stride, orow, N, b * 16, R, 1);    \
+        tile(xr, x_stride, wt, pairs, rr, res_stride, orow, N, b * 16, R, 1);       \
     break;
             switch (M - r0 < ROWS ? M - r0 : ROWS) {
                 case 1: TILE(1)
@@ -107,7 +103,7 @@ int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *
     }
     return 0;
 #else
-    (void)x, (void)x_stride, (void)w, (void)bias, (void)res, (void)res_stride, (void)out;
+    (void)x, (void)x_stride, (void)w, (void)res, (void)res_stride, (void)out;
     (void)M, (void)N, (void)K, (void)num_threads;
     return -2;
 #endif
