@@ -60,7 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["auto", "bfloat16", "float32"],
         help="both servers'; auto: what `atrium serve` picks on this machine",
     )
-    add("--model-dir", type=Path, default=DEFAULT_OUT_DIR / "smollm2-hf")
+    add(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="a Hugging Face export both serve (default: the default model exported in --dtype, "
+        "bench/out/smollm2-hf-DTYPE)",
+    )
     add("--vllm-python", type=Path, default=Path("bench/.vllm-venv/bin/python"))
     add("--atrium-port", type=int, default=8311)
     add("--vllm-port", type=int, default=8312)
@@ -133,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dtype == "auto":
         args.dtype = dtype_name(resolve_dtype("auto", torch.device("cpu")))
     quiet_logging()
-    export_model(args.model_dir)
+    if args.model_dir is None:
+        args.model_dir = export_model(DEFAULT_OUT_DIR / f"smollm2-hf-{args.dtype}", args.dtype)
     words = word_vocab(args.model_dir / "tokenizer.json")
     shape = TextShape(
         args.tenants, args.groups, args.prompts, args.system_len, args.question_len, args.output_len

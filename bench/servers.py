@@ -42,10 +42,11 @@ def atrium_cli(*args: str, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def export_model(out_dir: Path) -> Path:
-    """The default model as a bf16 Hugging Face directory (kept between runs)."""
+def export_model(out_dir: Path, dtype: str = "bfloat16") -> Path:
+    """The default model as a Hugging Face directory in ``dtype`` (kept between runs). In
+    float32 these are the GGUF file's weights exactly as decoded; in bfloat16 rounded once."""
     if not (out_dir / "config.json").is_file():
-        atrium_cli("model", "export", str(out_dir), "--dtype", "bfloat16")
+        atrium_cli("model", "export", str(out_dir), "--dtype", dtype)
     return out_dir
 
 

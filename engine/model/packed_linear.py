@@ -18,6 +18,13 @@ pair-dot-product rate at decode batch sizes. There a bf16 weight also gets a cop
 pairs for ``engine/native/small_gemm.c``, which runs steps of up to ``SMALL_BATCH`` rows --
 but only where, checked on this machine at load time, it gives oneDNN's results bit for bit
 (it sums in oneDNN's order; a weight whose results differ keeps oneDNN for every batch).
+
+A float32 weight that is, in every run of 32 inputs of a row, ``code * scale + offset`` exactly
+for small integer codes -- as the weights decoded from a GGUF file in Q4_1 or Q8_0 are -- also
+keeps those codes (``block_codes``): steps of up to ``SMALL_BATCH`` rows then run in
+``small_gemm.c``, which decodes the weights as it goes and multiplies in float32. Decode steps
+are bound by reading the weights, and the codes are a quarter of the float32 bytes; the
+products are those of the same float32 weights (summed in another order than oneDNN's).
 """
 
 from __future__ import annotations
@@ -48,11 +55,24 @@ CHECK_ROWS = (1, 5, 13, 64)
 _SHAPES_CHECKED: dict[tuple[int, int], bool] = {}
 
 
+CODE_BLOCK = 32  # inputs that share a scale and an offset in ``block_codes``
+
+
+class Codes(NamedTuple):
+    """A float32 weight [out, in] as int8 codes with a scale and an offset per 32 inputs:
+    ``weight[16 b + c][i] == codes[b, i, c] * scale[b, i // 32, c] + offset[b, i // 32, c]``."""
+
+    codes: torch.Tensor  # [out / 16, in, 16] int8
+    scale: torch.Tensor  # [out / 16, in / 32, 16] float32
+    offset: torch.Tensor  # [out / 16, in / 32, 16] float32
+
+
 class Packed(NamedTuple):
     """A projection weight laid out for the CPU."""
 
     onednn: torch.Tensor  # oneDNN's blocked layout
     pairs: torch.Tensor | None = None  # [out / 16, in / 2, 16, 2] for the pair product, or None
+    codes: Codes | None = None  # float32 weights that are block codes exactly, or None
 
 
 class SmallGemm:
@@ -90,6 +110,92 @@ class SmallGemm:
         if status != 0:
             raise ValueError(f"small gemm: unsupported shape {n} x {k} -> {out_features}")
         return out
+
+
+class CodesGemm:
+    """ctypes binding of ``small_gemm.c``'s float32 product over ``Codes``."""
+
+    def __init__(self, library: Path) -> None:
+        fn = ctypes.CDLL(str(library)).atrium_small_gemm_codes_f32
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [p, i64, p, p, p, p, i64, p, i64, i64, i64, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [n, in] float32, rows contiguous
+        codes: Codes,
+        residual: torch.Tensor | None = None,  # [n, out] float32, rows contiguous
+    ) -> torch.Tensor:  # [n, out]
+        n, k = x.shape
+        out_features = codes.codes.shape[0] * 16
+        out = torch.empty((n, out_features), dtype=torch.float32)
+        status = self._fn(
+            x.data_ptr(),
+            x.stride(0),
+            codes.codes.data_ptr(),
+            codes.scale.data_ptr(),
+            codes.offset.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0),
+            out.data_ptr(),
+            n,
+            out_features,
+            k,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise ValueError(f"codes gemm: unsupported shape {n} x {k} -> {out_features}")
+        return out
+
+
+@functools.cache
+def load_codes_gemm() -> CodesGemm | None:
+    """The float32 product over block codes, wherever the C compiler builds it."""
+    return try_load(SMALL_GEMM_SOURCE, CodesGemm)
+
+
+def block_codes(weight: torch.Tensor) -> Codes | None:
+    """``weight`` as ``Codes`` if every run of 32 inputs of a row is exactly ``code * scale +
+    offset``, else None. Two forms are tried per run, those of llama.cpp's Q4_1 (offset the
+    run's minimum, scale its range / 15 in half precision, codes 0..15) and Q8_0 (no offset,
+    scale the largest magnitude / 127, codes -127..127); the scale times a code is exact in
+    float32, so the decoded weight is bit for bit the one given."""
+    if weight.dtype != torch.float32 or weight.dim() != 2:
+        return None
+    out_features, in_features = weight.shape
+    if out_features % 16 or in_features % CODE_BLOCK or weight.numel() == 0:
+        return None
+    runs = weight.detach().reshape(out_features, in_features // CODE_BLOCK, CODE_BLOCK)
+    low = runs.amin(-1, keepdim=True)
+    scale_a = ((runs.amax(-1, keepdim=True) - low) / 15).half().float()
+    codes_a = _codes(runs - low, scale_a, 0, 15)
+    exact_a = (codes_a * scale_a + low == runs).all(-1, keepdim=True)
+    scale_b = runs.abs().amax(-1, keepdim=True) / 127
+    codes_b = _codes(runs, scale_b, -127, 127)
+    exact_b = (codes_b * scale_b == runs).all(-1, keepdim=True)
+    if not bool((exact_a | exact_b).all()):
+        return None
+    codes = torch.where(exact_a, codes_a, codes_b).to(torch.int8)
+    scale = torch.where(exact_a, scale_a, scale_b)
+    offset = torch.where(exact_a, low, torch.zeros_like(low))
+
+    def tiles(t: torch.Tensor, width: int) -> torch.Tensor:  # [out, width] -> [out/16, width, 16]
+        return t.reshape(out_features // 16, 16, width).permute(0, 2, 1).contiguous()
+
+    runs_per_row = in_features // CODE_BLOCK
+    return Codes(
+        tiles(codes.reshape(out_features, in_features), in_features),
+        tiles(scale.reshape(out_features, runs_per_row), runs_per_row),
+        tiles(offset.reshape(out_features, runs_per_row), runs_per_row),
+    )
+
+
+def _codes(values: torch.Tensor, scale: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """round(values / scale) within [low, high]; 0 where the scale is 0."""
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.where(scale > 0, torch.round(values / safe), 0.0).clamp_(low, high)
 
 
 @functools.cache
@@ -196,21 +302,28 @@ def pack(weight: torch.Tensor) -> Packed | None:
     if not packing_supported(weight):
         return None
     onednn: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
-    return Packed(onednn, _checked_pairs(weight, onednn))
+    codes = block_codes(weight) if load_codes_gemm() is not None else None
+    return Packed(onednn, _checked_pairs(weight, onednn), codes)
 
 
-def _pair_product(
+def _small_product(
     x: torch.Tensor, packed: Packed, residual: torch.Tensor | None = None
 ) -> torch.Tensor | None:
-    """The small-batch pair product where the weight has pairs and the step is small enough;
-    None where oneDNN should run."""
-    if packed.pairs is None or x.shape[0] > SMALL_BATCH or x.stride(1) != 1:
+    """The small-batch product (pairs or codes) where the weight has one and the step is small
+    enough; None where oneDNN should run."""
+    if x.shape[0] > SMALL_BATCH or x.stride(1) != 1:
         return None
     if residual is not None and residual.stride(1) != 1:
         return None
-    gemm = load_small_gemm()
-    assert gemm is not None  # pairs are laid out only where it loaded
-    return gemm(x, packed.pairs, residual)
+    if packed.pairs is not None:
+        gemm = load_small_gemm()
+        assert gemm is not None  # pairs are laid out only where it loaded
+        return gemm(x, packed.pairs, residual)
+    if packed.codes is not None:
+        codes_gemm = load_codes_gemm()
+        assert codes_gemm is not None  # codes are kept only where it loaded
+        return codes_gemm(x, packed.codes, residual)
+    return None
 
 
 def project(
@@ -222,7 +335,7 @@ def project(
     """``x @ weight.T + bias``."""
     if packed is None:
         return linear(x, weight, bias)
-    if bias is None and (small := _pair_product(x, packed)) is not None:
+    if bias is None and (small := _small_product(x, packed)) is not None:
         return small
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed.onednn, bias, "none", [], "")
     return out
@@ -237,7 +350,7 @@ def project_add(
     """``residual + x @ weight.T`` as one GEMM (the add is the GEMM's accumulate)."""
     if packed is None:
         return torch.addmm(residual, x, weight.t())
-    if (small := _pair_product(x, packed, residual)) is not None:
+    if (small := _small_product(x, packed, residual)) is not None:
         return small
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise.binary(
         x, residual, packed.onednn, None, "add"

@@ -11,7 +11,15 @@
  * K is summed in blocks of 512 inputs, each block from zero and then added to the total: the
  * order in which oneDNN's bfloat16 kernels sum on these CPUs, so that the results can equal
  * theirs bit for bit. packed_linear.py checks that on the machine, per weight, before it uses
- * this path. Built by engine/native/build.py.
+ * this path.
+ *
+ * float32 weights that are, block by block, an affine image of small integers (as those of a
+ * GGUF file in Q4_1 or Q8_0 are once decoded) are also kept as int8 codes, [N / 16][K][16],
+ * with a scale and an offset per 32 inputs, [N / 16][K / 32][16] each: W[n][k] = code * scale
+ * + offset exactly (the product of a half-precision scale and a code is exact in float32, so
+ * one rounding remains, the one that made the weight). ``atrium_small_gemm_codes_f32`` decodes
+ * sixteen columns at a time and multiplies in float32: the products of float32 weights, reading
+ * a quarter of their bytes. Built by engine/native/build.py.
  */
 #include <stdint.h>
 #include <string.h>
@@ -107,4 +115,121 @@ int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *
     (void)M, (void)N, (void)K, (void)num_threads;
     return -2;
 #endif
+}
+
+#define CODE_ROWS 12 /* rows of x a codes tile keeps in registers */
+#define CODE_BLOCK 32 /* inputs that share a scale and an offset */
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* Sixteen int8 codes as floats (compilers scalarise the generic conversion). */
+static inline vf16 widen_codes(const int8_t *p) {
+    vf16 f;
+#if defined(__AVX512F__)
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    memcpy(&f, &v, sizeof f);
+#elif defined(__AVX2__)
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+    memcpy(&f, &lo, sizeof lo);
+    memcpy((char *)&f + sizeof lo, &hi, sizeof hi);
+#else
+    for (int i = 0; i < 16; i++) f[i] = (float)p[i];
+#endif
+    return f;
+}
+
+/* x[0] in all sixteen lanes, loaded as a broadcast (not a scalar load then a shuffle). */
+static inline vf16 broadcast(const float *x) {
+    vf16 f;
+#if defined(__AVX512F__)
+    const __m512 v = _mm512_set1_ps(*x);
+    memcpy(&f, &v, sizeof f);
+#else
+    f = splat16(*x);
+#endif
+    return f;
+}
+
+/* R rows by 16 * B columns (B 1 or 2) of the codes product, columns from block ``cb``. */
+static inline __attribute__((always_inline)) void codes_tile(
+    const float *x, int64_t x_stride, const int8_t *codes, const float *scale,
+    const float *offset, int64_t K, const float *res, int64_t res_stride, float *out,
+    int64_t out_stride, int64_t cb, const int R, const int B) {
+    vf16 acc[CODE_ROWS][2];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++) acc[r][b] = splat16(0.0f);
+    const int64_t kblocks = K / CODE_BLOCK;
+    for (int64_t kb = 0; kb < kblocks; kb++) {
+        vf16 d[2], m[2];
+        const int8_t *c[2];
+        for (int b = 0; b < B; b++) {
+            d[b] = vload16(scale + ((cb + b) * kblocks + kb) * 16);
+            m[b] = vload16(offset + ((cb + b) * kblocks + kb) * 16);
+            c[b] = codes + ((cb + b) * K + kb * CODE_BLOCK) * 16;
+        }
+        const float *xk = x + kb * CODE_BLOCK;
+        for (int k = 0; k < CODE_BLOCK; k++) {
+            vf16 w[2];
+            for (int b = 0; b < B; b++) {
+                w[b] = widen_codes(c[b] + k * 16) * d[b] + m[b]; /* exact: the weight */
+            }
+            for (int r = 0; r < R; r++) {
+                const vf16 xv = broadcast(xk + r * x_stride + k);
+                for (int b = 0; b < B; b++) acc[r][b] += xv * w[b];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++) {
+            vf16 v = acc[r][b];
+            if (res != NULL) v += vload16(res + r * res_stride + (cb + b) * 16);
+            vstore16(out + r * out_stride + (cb + b) * 16, v);
+        }
+}
+
+/* out [M, N] = x [M, K] . W^T (+ residual) for W kept as codes (above). x rows ``x_stride``
+ * apart, residual [M, N] rows ``res_stride`` apart or NULL, out contiguous. Returns 0, or -2
+ * where N is not a multiple of 16 or K not a multiple of 32. */
+int atrium_small_gemm_codes_f32(const float *x, int64_t x_stride, const int8_t *codes,
+                                const float *scale, const float *offset, const float *res,
+                                int64_t res_stride, float *out, int64_t M, int64_t N, int64_t K,
+                                int num_threads) {
+    if (N % 16 || K % CODE_BLOCK || M < 0) return -2;
+    const int64_t blocks = N / 16, tiles = (blocks + 1) / 2;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t cb = 2 * t;
+        const int two = cb + 1 < blocks;
+        for (int64_t r0 = 0; r0 < M; r0 += CODE_ROWS) {
+            const float *xr = x + r0 * x_stride;
+            const float *rr = res != NULL ? res + r0 * res_stride : NULL;
+            float *orow = out + r0 * N;
+#define CTILE(R)                                                                        \
+    if (two)                                                                            \
+        codes_tile(xr, x_stride, codes, scale, offset, K, rr, res_stride, orow, N, cb, R, 2); \
+    else                                                                                \
+        codes_tile(xr, x_stride, codes, scale, offset, K, rr, res_stride, orow, N, cb, R, 1); \
+    break;
+            switch (M - r0 < CODE_ROWS ? M - r0 : CODE_ROWS) {
+                case 1: CTILE(1)
+                case 2: CTILE(2)
+                case 3: CTILE(3)
+                case 4: CTILE(4)
+                case 5: CTILE(5)
+                case 6: CTILE(6)
+                case 7: CTILE(7)
+                case 8: CTILE(8)
+                case 9: CTILE(9)
+                case 10: CTILE(10)
+                case 11: CTILE(11)
+                default: CTILE(12)
+            }
+#undef CTILE
+        }
+    }
+    return 0;
 }

@@ -1,5 +1,6 @@
 """Pre-packed projections give the plain ones' results (bf16: bit-identical; float32: to
-rounding), per layer and per model; the small-batch pair product, where a weight keeps it."""
+rounding), per layer and per model; the small-batch pair product, where a weight keeps it; and
+float32 weights kept as block codes, decoded exactly."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from engine.model import packed_linear
 from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
 from engine.model.loader import load_model
 from engine.model.packed_linear import (
+    CODE_BLOCK,
+    Codes,
+    block_codes,
+    load_codes_gemm,
     load_small_gemm,
     pack,
     packing_supported,
@@ -223,3 +228,130 @@ def test_order_probes_tell_summation_blocks_apart(in_features: int) -> None:
     one_pass, by_512, by_256 = blocked(in_features), blocked(512), blocked(256)
     assert not torch.equal(one_pass, by_512)
     assert not torch.equal(by_512, by_256)
+
+
+def gguf_rounded(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    """``weight`` through llama.cpp's quantizer and back: what a GGUF file's loader yields."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    qtype = getattr(GGMLQuantizationType, kind)
+    array = weight.numpy()
+    return torch.from_numpy(dequantize(quantize(array, qtype), qtype).reshape(array.shape))
+
+
+def decoded(codes: Codes) -> torch.Tensor:
+    """The weight [out, in] the codes stand for, decoded in torch."""
+    blocks, in_features, _ = codes.codes.shape
+    scale = codes.scale.repeat_interleave(CODE_BLOCK, dim=1)
+    offset = codes.offset.repeat_interleave(CODE_BLOCK, dim=1)
+    weight = codes.codes.float() * scale + offset  # [out / 16, in, 16]
+    return weight.permute(0, 2, 1).reshape(blocks * 16, in_features)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_weights_decoded_from_gguf_blocks_are_kept_as_exact_codes(kind: str) -> None:
+    gen = torch.Generator().manual_seed(5)
+    weight = gguf_rounded(torch.randn(48, 96, generator=gen) / 4, kind)
+    weight[3, 32:64] = 0.25  # a constant run: scale 0
+    codes = block_codes(weight)
+    assert codes is not None
+    assert codes.codes.dtype == torch.int8 and codes.codes.shape == (3, 96, 16)
+    assert torch.equal(decoded(codes), weight)
+    low, high = (0, 15) if kind == "Q4_1" else (-127, 127)
+    assert low <= int(codes.codes.min()) and int(codes.codes.max()) <= high
+
+
+def test_weights_that_are_not_block_codes_keep_none() -> None:
+    gen = torch.Generator().manual_seed(6)
+    rounded = gguf_rounded(torch.randn(32, 64, generator=gen), "Q4_1")
+    off = rounded.clone()
+    off[7, 40] = torch.nextafter(off[7, 40], torch.tensor(9.0))  # one weight one ulp away
+    for weight in (
+        torch.randn(32, 64, generator=gen),  # plain float32 weights
+        off,
+        rounded.bfloat16(),  # only float32 products run on codes
+        rounded[:24],  # rows not a multiple of 16
+        gguf_rounded(torch.randn(32, 96, generator=gen), "Q4_1")[:, :80],  # runs cut short
+    ):
+        assert block_codes(weight) is None
+    assert block_codes(rounded) is not None
+
+
+CODES_GEMM = load_codes_gemm()
+needs_codes = pytest.mark.skipif(CODES_GEMM is None, reason="no C compiler: oneDNN runs all")
+
+
+@needs_codes
+def test_the_codes_product_decodes_each_weight_exactly() -> None:
+    """Rows of the identity pick single columns of the weight: 1 * w + 0 * ... is w exactly."""
+    assert CODES_GEMM is not None
+    weight = gguf_rounded(torch.randn(64, 96, generator=torch.Generator().manual_seed(7)), "Q4_1")
+    codes = block_codes(weight)
+    assert codes is not None
+    for start in range(0, 96, 32):
+        x = torch.eye(96)[start : start + 32]
+        assert torch.equal(CODES_GEMM(x, codes), weight.t()[start : start + 32])
+
+
+@needs_codes
+@pytest.mark.parametrize(("out_features", "in_features"), [(16, 32), (80, 576), (48, 1536)])
+@pytest.mark.parametrize("num_tokens", [1, 5, 12, 13, 40, 64])
+def test_the_codes_product_is_the_float32_projection(
+    out_features: int, in_features: int, num_tokens: int
+) -> None:
+    assert CODES_GEMM is not None
+    gen = torch.Generator().manual_seed(num_tokens + in_features)
+    weight = gguf_rounded(torch.randn(out_features, in_features, generator=gen) / 8, "Q4_1")
+    codes = block_codes(weight)
+    assert codes is not None
+    x = torch.randn(num_tokens, in_features + 8, generator=gen)[:, :in_features]  # strided rows
+    residual = torch.randn(num_tokens, out_features, generator=gen)
+    exact = x.double() @ weight.double().t()
+    tight = {"rtol": 1e-5, "atol": 1e-5}  # float32 sums in another order, nothing more
+    torch.testing.assert_close(CODES_GEMM(x, codes).double(), exact, **tight)
+    torch.testing.assert_close(
+        CODES_GEMM(x, codes, residual).double(), exact + residual.double(), **tight
+    )
+
+
+@needs_codes
+@needs_f32_packing
+@pytest.mark.parametrize("num_tokens", [1, 7, 64, 65, 300])
+def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: int) -> None:
+    gen = torch.Generator().manual_seed(num_tokens)
+    weight = gguf_rounded(torch.randn(96, 64, generator=gen), "Q8_0")
+    packed = pack(weight)
+    assert packed is not None and packed.codes is not None
+    x = torch.randn(num_tokens, 80, generator=gen)[:, :64]
+    residual = torch.randn(num_tokens, 96, generator=gen)
+    assert CODES_GEMM is not None
+    mkldnn = torch.ops.mkldnn._linear_pointwise
+    if num_tokens <= packed_linear.SMALL_BATCH:
+        expected = CODES_GEMM(x, packed.codes)
+        expected_add = CODES_GEMM(x, packed.codes, residual)
+    else:
+        expected = mkldnn(x, packed.onednn, None, "none", [], "")
+        expected_add = mkldnn.binary(x, residual, packed.onednn, None, "add")
+    assert torch.equal(project(x, weight, packed), expected)
+    assert torch.equal(project_add(x, weight, packed, residual), expected_add)
+    tight = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(project(x, weight, packed), linear(x, weight), **tight)
+
+
+@needs_codes
+@needs_f32_packing
+def test_the_default_model_keeps_its_projections_as_codes_in_float32() -> None:
+    """SmolLM2's GGUF is Q4_1 (and Q8_0 for the embedding): every projection and the tied LM
+    head decode exactly, so all take the codes at decode batch sizes."""
+    model = load_model("default", dtype=torch.float32).model
+    assert model.output_packed is not None and model.output_packed.codes is not None
+    for layer in model.layers:
+        assert isinstance(layer, DecoderLayer)
+        for packed in (
+            layer.self_attn.qkv_packed,
+            layer.self_attn.o_packed,
+            layer.mlp.gate_up_packed,
+            layer.mlp.down_packed,
+        ):
+            assert packed is not None and packed.codes is not None
