@@ -72,15 +72,147 @@ static inline vf16 reduce16(const vf16 a[16]) {
     return __builtin_shufflevector(e, e, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
 }
 
-/* Ask for one head's bfloat16 rows of tokens pos .. pos + 15 (those below ``tokens``) ahead of
- * use: pages lie scattered and are read once a step, so nothing else brings them in time. */
+/* Ask for one head's rows (``row_bytes`` each) of tokens pos .. pos + 15 (those below
+ * ``tokens``) ahead of use: pages lie scattered and are read once a step, so nothing else brings
+ * them in time. */
 static inline void prefetch_block(const char *base, const int32_t *table, int pos, int tokens,
-                                  const shape_t *s, int64_t tok_bytes, const int D) {
+                                  const shape_t *s, int64_t tok_bytes, int row_bytes) {
     const char *rows[16];
     const int n = tokens - pos < 16 ? tokens - pos : 16;
     paged_rows(base, table, pos, n, s->page_size, tok_bytes, 2 * s->page_size * tok_bytes, rows);
     for (int t = 0; t < n; t++)
-        for (int line = 0; line < D * 2; line += 64) __builtin_prefetch(rows[t] + line, 0, 3);
+        for (int line = 0; line < row_bytes; line += 64) __builtin_prefetch(rows[t] + line, 0, 3);
+}
+
+/* float32 scores of G query heads against tokens begin .. kv_len - 1, sixteen tokens at a
+ * time: each head's sixteen dot products are summed across lanes together (``reduce16``), not
+ * one by one. Scores are scaled; lanes past the last token hold -inf. */
+static inline __attribute__((always_inline)) void score_f32(
+    const float *q_seq, const char *cache_b, const int32_t *table, int begin, int kv_len,
+    int kv_pad, int kvh, const shape_t *s, const int G, const int D, float *scores) {
+    const int C = D / 16;
+    const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 4;
+    const int64_t v_bytes = s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
+    vf16 qv[ATRIUM_MAX_GROUP][MAX_CHUNKS];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < C; c++) qv[g][c] = vload16(q_seq + (size_t)(kvh * G + g) * D + 16 * c);
+    vf16 lane;
+    for (int t = 0; t < 16; t++) lane[t] = (float)t;
+    for (int t0 = 0; t0 < kv_len - begin; t0 += 16) {
+        const int n = kv_len - begin - t0 < 16 ? kv_len - begin - t0 : 16;
+        const char *k[16];
+        paged_rows(cache_b, table, begin + t0, n, s->page_size, tok_bytes, page_bytes, k);
+        /* The next block's K and this block's V (read by the value pass), ahead of use. */
+        prefetch_block(cache_b, table, begin + t0 + 16, kv_len, s, tok_bytes, D * 4);
+        for (int t = 0; t < n; t++)
+            for (int line = 0; line < D * 4; line += 64) __builtin_prefetch(k[t] + v_bytes + line, 0, 3);
+        for (int g = 0; g < G; g++) {
+            vf16 a[16];
+            for (int t = 0; t < 16; t++) {
+                a[t] = (vf16){0};
+                if (t < n)
+                    for (int c = 0; c < C; c++) a[t] += qv[g][c] * vload16((const float *)k[t] + 16 * c);
+            }
+            vstore16(scores + (int64_t)g * kv_pad + t0,
+                     select16(lane < splat16((float)n), reduce16(a) * s->scale, splat16(-INFINITY)));
+        }
+    }
+}
+
+/* Decodes over a shared prefix in float32: up to ATRIUM_DP_ROWS query rows (the members' query
+ * heads for one KV head) attend the prefix together, sixteen keys at a time, each block of
+ * keys transposed once (a lane per key, a register per dimension) so that each row's sixteen
+ * scores are D multiply-adds with no sums across lanes; every key and value is read once for
+ * all the rows. The result is what ``attend_item`` carries in as its prior: per row the output
+ * weighted by exp(score - max), then the max and the sum of those weights. */
+#define ATRIUM_DP_ROWS 16
+#define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
+
+static inline __attribute__((always_inline)) void attend_prefix_f32(
+    const float *const *q_rows, /* R query rows of D values */
+    const int R, const char *cache_h, /* the layer's cache, offset to this KV head */
+    const int32_t *table, int tokens, const shape_t *s, const int D,
+    float *scores, /* scratch: ATRIUM_DP_ROWS rows of ``tokens`` rounded up to 16 */
+    float *const *out /* R rows of D + 2 floats: output, max, sum */) {
+    const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 4;
+    const int64_t v_bytes = (int64_t)s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
+    const int pad = (tokens + 15) & ~15;
+    vf16 lane;
+    for (int t = 0; t < 16; t++) lane[t] = (float)t;
+
+    for (int t0 = 0; t0 < tokens; t0 += 16) {
+        const int n = tokens - t0 < 16 ? tokens - t0 : 16;
+        const char *rows[16];
+        paged_rows(cache_h, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        prefetch_block(cache_h, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 4);
+        vu16 kt[ATRIUM_MAX_DIM];
+        for (int c = 0; c < D / 16; c++) {
+            vu16 *a = kt + 16 * c;
+            for (int t = 0; t < 16; t++) {
+                if (t < n)
+                    memcpy(&a[t], rows[t] + 64 * c, 64);
+                else
+                    a[t] = (vu16){0};
+            }
+            ATRIUM_TSTAGE(a, 8)
+            ATRIUM_TSTAGE(a, 4)
+            ATRIUM_TSTAGE(a, 2)
+            ATRIUM_TSTAGE(a, 1)
+        }
+        vf16 acc[ATRIUM_DP_ROWS];
+        for (int r = 0; r < R; r++) acc[r] = (vf16){0};
+        for (int d = 0; d < D; d++) {
+            vf16 kd;
+            memcpy(&kd, &kt[d], sizeof kd);
+            for (int r = 0; r < R; r++) acc[r] += q_rows[r][d] * kd;
+        }
+        for (int r = 0; r < R; r++)
+            vstore16(scores + (size_t)r * pad + t0,
+                     select16(lane < splat16((float)n), acc[r] * s->scale, splat16(-INFINITY)));
+    }
+
+    for (int r = 0; r < R; r++) {
+        float *sr = scores + (size_t)r * pad;
+        vf16 peak = splat16(-INFINITY);
+        for (int t = 0; t < pad; t += 16) peak = max16(peak, vload16(sr + t));
+        const float top_s = hmax16(peak);
+        const vf16 top = splat16(top_s);
+        vf16 total = (vf16){0};
+        for (int t = 0; t < pad; t += 16) {
+            const vf16 e = vexp_nonpositive(vload16(sr + t) - top);
+            total += e;
+            vstore16(sr + t, e);
+        }
+        out[r][D] = top_s;
+        out[r][D + 1] = hsum16(total);
+    }
+
+    /* Values: a few rows at a time against each token's V row (read from the cache, which the
+     * first row tile brought in). */
+    const char *v_base = cache_h + v_bytes;
+    const int C = D / 16, RT = C <= 4 ? 6 : C <= 8 ? 3 : 1;
+    for (int r0 = 0; r0 < R; r0 += RT) {
+        const int nr = R - r0 < RT ? R - r0 : RT;
+        vf16 o[6][ATRIUM_MAX_DIM / 16];
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < C; c++) o[r][c] = (vf16){0};
+        for (int t0 = 0; t0 < tokens; t0 += 16) {
+            const int n = tokens - t0 < 16 ? tokens - t0 : 16;
+            const char *rows[16];
+            paged_rows(v_base, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+            if (r0 == 0)
+                prefetch_block(v_base, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 4);
+            for (int t = 0; t < n; t++) {
+                const float *v = (const float *)rows[t];
+                for (int r = 0; r < nr; r++) {
+                    const float p = scores[(size_t)(r0 + r) * pad + t0 + t];
+                    for (int c = 0; c < C; c++) o[r][c] += p * vload16(v + 16 * c);
+                }
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < C; c++) vstore16(out[r0 + r] + 16 * c, o[r][c]);
+    }
 }
 
 #if ATRIUM_DPBF16
@@ -106,7 +238,7 @@ static inline __attribute__((always_inline)) void score_dpbf16(
                    (const char **)k);
         /* The cache is read once per item, page by scattered page: fetch the next block's K
          * and this block's V (read by the value pass) ahead of use. */
-        prefetch_block(cache_b, table, begin + t0 + 16, kv_len, s, tok_bytes, D);
+        prefetch_block(cache_b, table, begin + t0 + 16, kv_len, s, tok_bytes, D * 2);
         for (int t = 0; t < n; t++)
             for (int line = 0; line < D * 2; line += 64)
                 __builtin_prefetch((const char *)(k[t] + s->page_size * tok_stride) + line, 0, 3);
@@ -139,9 +271,6 @@ static inline __attribute__((always_inline)) void score_dpbf16(
  * once for all the rows. The result is what ``attend_item`` carries in as its prior: per row
  * the output weighted by exp(score - max) (rounded to bfloat16, as probabilities are), then the
  * max and the sum of those weights. */
-#define ATRIUM_DP_ROWS 16
-#define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
-
 /* Scratch of one thread for ``attend_prefix_dp``: scores [ATRIUM_DP_ROWS][tokens rounded up to
  * 16] and the values as pairs of tokens [tokens / 2 rounded up][D] (uint32). */
 static inline size_t prefix_dp_floats(int tokens, int D) {
@@ -166,7 +295,7 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
         const int n = tokens - t0 < 16 ? tokens - t0 : 16;
         const char *rows[16];
         paged_rows(cache_h, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
-        prefetch_block(cache_h, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D);
+        prefetch_block(cache_h, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 2);
         vu16 kt[ATRIUM_MAX_DIM / 2];
         for (int c = 0; c < J / 16; c++) {
             vu16 *a = kt + 16 * c;
@@ -221,7 +350,7 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
         const int n = tokens - t0 < 16 ? tokens - t0 : 16;
         const char *rows[16];
         paged_rows(v_base, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
-        prefetch_block(v_base, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D);
+        prefetch_block(v_base, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 2);
         for (int t = 0; t < n; t += 2)
             pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D,
                       vpairs + (size_t)(t0 + t) / 2 * D);
@@ -255,8 +384,8 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
  * are compile-time constants in the common instantiations below, so the loops over them unroll
  * and the accumulators stay in registers.
  *
- * With ``prior`` (pair dot products only) the item covers tokens ``begin`` .. kv_len - 1 and
- * carries in what its tokens before ``begin`` gave, as computed for its whole group at once:
+ * With ``prior`` (float32, or bfloat16 with pair dot products) the item covers tokens
+ * ``begin`` .. kv_len - 1 and carries in what its tokens before ``begin`` gave, as computed for its whole group at once:
  * per query head D floats of unnormalised output, then their running max and sum. */
 static inline __attribute__((always_inline)) void attend_item(
     const void *q_seq, /* this decode's query row: [num_heads, D] */
@@ -278,12 +407,15 @@ static inline __attribute__((always_inline)) void attend_item(
 #if ATRIUM_DPBF16
         score_dpbf16(q_seq, cache_b, table, begin, kv_len, kv_pad, kvh, s, G, D, scores);
 #endif
+    } else if (!bf16) {
+        score_f32((const float *)q_seq, cache_b, table, begin, kv_len, kv_pad, kvh, s, G, D,
+                  scores);
     } else {
+        /* bfloat16 without pair dot products: whole tokens, one score at a time. */
         vf16 qv[ATRIUM_MAX_GROUP][MAX_CHUNKS];
         for (int g = 0; g < G; g++)
             for (int c = 0; c < C; c++)
-                qv[g][c] = load16(
-                    (const char *)q_seq + ((size_t)(kvh * G + g) * D + 16 * c) * elem, bf16);
+                qv[g][c] = load16((const uint16_t *)q_seq + (size_t)(kvh * G + g) * D + 16 * c, 1);
         for (int t = 0, page = 0; t < kv_len; page++) {
             const char *k = cache_b + (size_t)table[page] * page_stride * elem;
             const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
@@ -299,13 +431,11 @@ static inline __attribute__((always_inline)) void attend_item(
                 }
             for (; t < end; t++, k += tok_stride * elem) {
                 vf16 kc[MAX_CHUNKS];
-                for (int c = 0; c < C; c++) kc[c] = load16(k + 16 * c * elem, bf16);
+                for (int c = 0; c < C; c++) kc[c] = load16(k + 16 * c * elem, 1);
                 for (int g = 0; g < G; g++) {
                     vf16 a = qv[g][0] * kc[0];
                     for (int c = 1; c < C; c++) a += qv[g][c] * kc[c];
-                    float dot = hsum16(a);
-                    if (bf16) dot = bf16_round(dot);
-                    scores[(int64_t)g * kv_pad + t] = dot * s->scale;
+                    scores[(int64_t)g * kv_pad + t] = bf16_round(hsum16(a)) * s->scale;
                 }
             }
         }
@@ -374,14 +504,18 @@ static inline __attribute__((always_inline)) void attend_item(
         }
 #endif
     } else {
-        for (int t = 0, page = 0; t < kv_len; page++) {
-            const char *v = cache_b + ((size_t)table[page] * page_stride + v_offset) * elem;
-            const int end = t + s->page_size < kv_len ? t + s->page_size : kv_len;
-            for (; t < end; t++, v += tok_stride * elem) {
+        /* Tokens begin .. kv_len - 1 (the whole sequence without a prior). */
+        const char *v_base = cache_b + v_offset * elem;
+        for (int t0 = 0; t0 < kv_len - begin; t0 += 16) {
+            const int n = kv_len - begin - t0 < 16 ? kv_len - begin - t0 : 16;
+            const char *rows[16];
+            paged_rows(v_base, table, begin + t0, n, s->page_size, tok_stride * elem,
+                       page_stride * elem, rows);
+            for (int t = 0; t < n; t++) {
                 vf16 vc[MAX_CHUNKS];
-                for (int c = 0; c < C; c++) vc[c] = load16(v + 16 * c * elem, bf16);
+                for (int c = 0; c < C; c++) vc[c] = load16(rows[t] + 16 * c * elem, bf16);
                 for (int g = 0; g < G; g++) {
-                    const float p = scores[(int64_t)g * kv_pad + t];
+                    const float p = scores[(int64_t)g * kv_pad + t0 + t];
                     for (int c = 0; c < C; c++) acc[g][c] += p * vc[c];
                 }
             }
@@ -443,14 +577,15 @@ int atrium_decode_attention(
     int32_t *group_item = NULL; /* per prefix item: first member (index into order), members */
     int64_t group_items = 0;
     int max_shared = 0;
-#if ATRIUM_DPBF16
-#if ATRIUM_AMX
-    const int amx = atrium_amx_permitted();
+#if ATRIUM_DPBF16 && ATRIUM_AMX
+    const int amx = bf16 && atrium_amx_permitted();
     const int per_item = (amx ? ATRIUM_AMX_ROWS : ATRIUM_DP_ROWS) / G; /* members an item holds */
 #else
     const int per_item = ATRIUM_DP_ROWS / G;
 #endif
-    if (bf16 && head_dim % 32 == 0 && num_decodes > 1 && per_item > 1 && !ATRIUM_DECODE_ALONE) {
+    /* bfloat16 groups need pair dot products; float32 ones run on any CPU. */
+    const int groupable = bf16 ? ATRIUM_DPBF16 && head_dim % 32 == 0 : 1;
+    if (groupable && num_decodes > 1 && per_item > 1 && !ATRIUM_DECODE_ALONE) {
         shared = calloc((size_t)num_decodes, sizeof(int32_t));
         group_item = malloc(sizeof(int32_t) * 2 * (size_t)num_decodes);
         if (shared == NULL || group_item == NULL) failed = 1;
@@ -487,26 +622,26 @@ int atrium_decode_attention(
             if (partial == NULL) failed = 1;
         }
     }
-#endif
     const int64_t prefix_items = failed ? 0 : group_items * num_kv_heads;
-    (void)prefix_items; /* unused where neither grouping is built */
-    (void)max_shared;
 
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-#if ATRIUM_DPBF16
         if (prefix_items > 0) {
             /* Each group's prefix, for up to per_item of its members, one KV head. */
-#if ATRIUM_AMX
-            float *base = malloc(sizeof(float) * (amx ? atrium_amx_scratch_floats(head_dim)
-                                                      : prefix_dp_floats(max_shared, head_dim)));
+            size_t floats = (size_t)ATRIUM_DP_ROWS * (size_t)((max_shared + 15) & ~15);
+#if ATRIUM_DPBF16
+            if (bf16) floats = prefix_dp_floats(max_shared, head_dim);
+#endif
+#if ATRIUM_DPBF16 && ATRIUM_AMX
+            if (amx) floats = atrium_amx_scratch_floats(head_dim);
+            float *base = malloc(sizeof(float) * floats);
             atrium_amx_scratch_t w = {0};
             if (amx && base != NULL) {
                 atrium_amx_scratch_bind(&w, base, head_dim);
                 atrium_amx_configure();
             }
 #else
-            float *base = malloc(sizeof(float) * prefix_dp_floats(max_shared, head_dim));
+            float *base = malloc(sizeof(float) * floats);
 #endif
             if (base == NULL) failed = 1;
 #pragma omp for schedule(dynamic, 1)
@@ -517,7 +652,7 @@ int atrium_decode_attention(
                 const int kvh = (int)(item % num_kv_heads);
                 const int tokens = shared[SEQ(first)];
                 const int R = members * G;
-#if ATRIUM_AMX
+#if ATRIUM_DPBF16 && ATRIUM_AMX
                 if (amx) {
                     for (int r = 0; r < (R + 15) / 16 * 16; r++) {
                         const int seq = r < R ? SEQ(first + r / G) : 0;
@@ -547,26 +682,36 @@ int atrium_decode_attention(
                     continue;
                 }
 #endif
-                const uint16_t *rows[ATRIUM_DP_ROWS];
+                const void *rows[ATRIUM_DP_ROWS];
                 float *dst[ATRIUM_DP_ROWS];
                 for (int r = 0; r < R; r++) {
                     const size_t seq = (size_t)SEQ(first + r / G), head = (size_t)(kvh * G + r % G);
-                    rows[r] = (const uint16_t *)q + seq * (size_t)q_row_stride + head * head_dim;
+                    rows[r] = (const char *)q + (seq * (size_t)q_row_stride + head * head_dim) * elem;
                     dst[r] = partial + (seq * num_heads + head) * (head_dim + 2);
                 }
-                const char *cache_h = (const char *)cache + (size_t)kvh * head_dim * 2;
+                const char *cache_h = (const char *)cache + (size_t)kvh * head_dim * elem;
                 const int32_t *table = pages + page_starts[SEQ(first)];
+                if (!bf16) {
+                    const float *const *fr = (const float *const *)rows;
+                    if (head_dim == 64)
+                        attend_prefix_f32(fr, R, cache_h, table, tokens, &s, 64, base, dst);
+                    else
+                        attend_prefix_f32(fr, R, cache_h, table, tokens, &s, head_dim, base, dst);
+                    continue;
+                }
+#if ATRIUM_DPBF16
+                const uint16_t *const *br = (const uint16_t *const *)rows;
                 if (head_dim == 64)
-                    attend_prefix_dp(rows, R, cache_h, table, tokens, &s, 64, base, dst);
+                    attend_prefix_dp(br, R, cache_h, table, tokens, &s, 64, base, dst);
                 else
-                    attend_prefix_dp(rows, R, cache_h, table, tokens, &s, head_dim, base, dst);
+                    attend_prefix_dp(br, R, cache_h, table, tokens, &s, head_dim, base, dst);
+#endif
             }
-#if ATRIUM_AMX
+#if ATRIUM_DPBF16 && ATRIUM_AMX
             if (amx && base != NULL) _tile_release();
 #endif
             free(base);
         }
-#endif
         float *scores = NULL;
         int64_t capacity = 0;
         /* A thread takes a decode's KV heads together: they share the cache's token rows. */

@@ -234,3 +234,33 @@ def test_decodes_over_a_shared_prefix_attend_it_together(
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         exact = reference(q[i], k, v)
         torch.testing.assert_close(together[i].double(), exact, atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 2, 32)])
+@pytest.mark.parametrize("page_size", [4, 16, 32])
+def test_float32_decodes_over_a_shared_prefix_attend_it_together(
+    alone_decode_kernel: DecodeKernel | None, heads: int, kv_heads: int, dim: int, page_size: int
+) -> None:
+    """In float32 (any CPU) a group's prefix is attended once with its members' query heads as
+    rows over transposed keys, then each member's own tokens with the prefix's share carried
+    in: the same as attending each decode on its own, and as exact attention, within float32
+    rounding, in any order of the step's decodes."""
+    assert KERNEL is not None and alone_decode_kernel is not None
+    groups = [(max(p, page_size) // page_size * page_size, tails) for p, tails in SHARED_GROUPS]
+    cache, tables, keys, values = shared_prefix_cache(
+        groups, page_size, kv_heads, dim, torch.float32, seed=dim + page_size + 1
+    )
+    order = torch.randperm(len(tables), generator=torch.Generator().manual_seed(page_size + 1))
+    tables = [tables[i] for i in order]
+    keys = [keys[i] for i in order]
+    values = [values[i] for i in order]
+    kv_lens = [k.shape[0] for k in keys]
+    q = torch.randn(len(tables), heads, dim)
+    together = KERNEL(q, cache, *csr(tables, kv_lens))
+    alone = alone_decode_kernel(q, cache, *csr(tables, kv_lens))
+    torch.testing.assert_close(together, alone, atol=2e-6, rtol=2e-5)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        torch.testing.assert_close(
+            together[i].double(), reference(q[i], k, v), atol=1e-5, rtol=1e-4
+        )
