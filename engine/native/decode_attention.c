@@ -129,11 +129,12 @@ static inline __attribute__((always_inline)) void score_f32(
 #define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
 
 static inline __attribute__((always_inline)) void attend_prefix_f32(
-    const float *const *q_rows, /* R query rows of D values */
-    const int R, const char *cache_h, /* the layer's cache, offset to this KV head */
+    const float *qb, /* R query rows of D values, one after another; rows past ``live`` zero */
+    const int R, /* a multiple of 4 (a compile-time constant below, so the rows unroll) */
+    int live, const char *cache_h, /* the layer's cache, offset to this KV head */
     const int32_t *table, int tokens, const shape_t *s, const int D,
     float *scores, /* scratch: ATRIUM_DP_ROWS rows of ``tokens`` rounded up to 16 */
-    float *const *out /* R rows of D + 2 floats: output, max, sum */) {
+    float *const *out /* ``live`` rows of D + 2 floats: output, max, sum */) {
     const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 4;
     const int64_t v_bytes = (int64_t)s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
     const int pad = (tokens + 15) & ~15;
@@ -164,14 +165,14 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
         for (int d = 0; d < D; d++) {
             vf16 kd;
             memcpy(&kd, &kt[d], sizeof kd);
-            for (int r = 0; r < R; r++) acc[r] += q_rows[r][d] * kd;
+            for (int r = 0; r < R; r++) acc[r] += qb[r * D + d] * kd;
         }
         for (int r = 0; r < R; r++)
             vstore16(scores + (size_t)r * pad + t0,
                      select16(lane < splat16((float)n), acc[r] * s->scale, splat16(-INFINITY)));
     }
 
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < live; r++) {
         float *sr = scores + (size_t)r * pad;
         vf16 peak = splat16(-INFINITY);
         for (int t = 0; t < pad; t += 16) peak = max16(peak, vload16(sr + t));
@@ -187,13 +188,13 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
         out[r][D + 1] = hsum16(total);
     }
 
-    /* Values: a few rows at a time against each token's V row (read from the cache, which the
+    /* Values: four rows at a time against each token's V row (read from the cache, which the
      * first row tile brought in). */
     const char *v_base = cache_h + v_bytes;
-    const int C = D / 16, RT = C <= 4 ? 6 : C <= 8 ? 3 : 1;
-    for (int r0 = 0; r0 < R; r0 += RT) {
-        const int nr = R - r0 < RT ? R - r0 : RT;
-        vf16 o[6][ATRIUM_MAX_DIM / 16];
+    const int C = D / 16, RT = 4;
+    for (int r0 = 0; r0 < live; r0 += RT) {
+        const int nr = RT;
+        vf16 o[RT][ATRIUM_MAX_DIM / 16];
         for (int r = 0; r < nr; r++)
             for (int c = 0; c < C; c++) o[r][c] = (vf16){0};
         for (int t0 = 0; t0 < tokens; t0 += 16) {
@@ -210,7 +211,7 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
                 }
             }
         }
-        for (int r = 0; r < nr; r++)
+        for (int r = 0; r < nr && r0 + r < live; r++)
             for (int c = 0; c < C; c++) vstore16(out[r0 + r] + 16 * c, o[r][c]);
     }
 }
@@ -628,7 +629,7 @@ int atrium_decode_attention(
     {
         if (prefix_items > 0) {
             /* Each group's prefix, for up to per_item of its members, one KV head. */
-            size_t floats = (size_t)ATRIUM_DP_ROWS * (size_t)((max_shared + 15) & ~15);
+            size_t floats = (size_t)ATRIUM_DP_ROWS * ((size_t)((max_shared + 15) & ~15) + head_dim);
 #if ATRIUM_DPBF16
             if (bf16) floats = prefix_dp_floats(max_shared, head_dim);
 #endif
@@ -692,11 +693,28 @@ int atrium_decode_attention(
                 const char *cache_h = (const char *)cache + (size_t)kvh * head_dim * elem;
                 const int32_t *table = pages + page_starts[SEQ(first)];
                 if (!bf16) {
-                    const float *const *fr = (const float *const *)rows;
-                    if (head_dim == 64)
-                        attend_prefix_f32(fr, R, cache_h, table, tokens, &s, 64, base, dst);
-                    else
-                        attend_prefix_f32(fr, R, cache_h, table, tokens, &s, head_dim, base, dst);
+                    /* The rows side by side, zero past R up to a multiple of 4. */
+                    float *qb = base + (size_t)ATRIUM_DP_ROWS * ((max_shared + 15) & ~15);
+                    const int R4 = (R + 3) & ~3;
+                    for (int r = 0; r < R4; r++) {
+                        if (r < R)
+                            memcpy(qb + (size_t)r * head_dim, rows[r], sizeof(float) * (size_t)head_dim);
+                        else
+                            memset(qb + (size_t)r * head_dim, 0, sizeof(float) * (size_t)head_dim);
+                    }
+#define PREFIX_F32(RR)                                                                          \
+    if (head_dim == 64)                                                                         \
+        attend_prefix_f32(qb, RR, R, cache_h, table, tokens, &s, 64, base, dst);                \
+    else                                                                                        \
+        attend_prefix_f32(qb, RR, R, cache_h, table, tokens, &s, head_dim, base, dst);          \
+    break;
+                    switch (R4) {
+                        case 4: PREFIX_F32(4)
+                        case 8: PREFIX_F32(8)
+                        case 12: PREFIX_F32(12)
+                        default: PREFIX_F32(16)
+                    }
+#undef PREFIX_F32
                     continue;
                 }
 #if ATRIUM_DPBF16
