@@ -84,6 +84,21 @@ static inline void prefetch_block(const char *base, const int32_t *table, int po
         for (int line = 0; line < row_bytes; line += 64) __builtin_prefetch(rows[t] + line, 0, 3);
 }
 
+/* The c-th 64 bytes of sixteen keys' rows (zero past the first n), transposed: a[j] holds the
+ * j-th 32-bit value (a float, or a pair of bfloat16) of every key, a lane per key. */
+static inline void transpose_keys(const char *const *rows, int n, int c, vu16 *a) {
+    for (int t = 0; t < 16; t++) {
+        if (t < n)
+            memcpy(&a[t], rows[t] + 64 * c, 64);
+        else
+            a[t] = (vu16){0};
+    }
+    ATRIUM_TSTAGE(a, 8)
+    ATRIUM_TSTAGE(a, 4)
+    ATRIUM_TSTAGE(a, 2)
+    ATRIUM_TSTAGE(a, 1)
+}
+
 /* float32 scores of G query heads against tokens begin .. kv_len - 1, sixteen tokens at a
  * time: each head's sixteen dot products are summed across lanes together (``reduce16``), not
  * one by one. Scores are scaled; lanes past the last token hold -inf. */
@@ -147,19 +162,7 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
         paged_rows(cache_h, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
         prefetch_block(cache_h, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 4);
         vu16 kt[ATRIUM_MAX_DIM];
-        for (int c = 0; c < D / 16; c++) {
-            vu16 *a = kt + 16 * c;
-            for (int t = 0; t < 16; t++) {
-                if (t < n)
-                    memcpy(&a[t], rows[t] + 64 * c, 64);
-                else
-                    a[t] = (vu16){0};
-            }
-            ATRIUM_TSTAGE(a, 8)
-            ATRIUM_TSTAGE(a, 4)
-            ATRIUM_TSTAGE(a, 2)
-            ATRIUM_TSTAGE(a, 1)
-        }
+        for (int c = 0; c < D / 16; c++) transpose_keys(rows, n, c, kt + 16 * c);
         vf16 acc[ATRIUM_DP_ROWS];
         for (int r = 0; r < R; r++) acc[r] = (vf16){0};
         for (int d = 0; d < D; d++) {
@@ -298,19 +301,7 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
         paged_rows(cache_h, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
         prefetch_block(cache_h, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 2);
         vu16 kt[ATRIUM_MAX_DIM / 2];
-        for (int c = 0; c < J / 16; c++) {
-            vu16 *a = kt + 16 * c;
-            for (int t = 0; t < 16; t++) {
-                if (t < n)
-                    memcpy(&a[t], rows[t] + 64 * c, 64);
-                else
-                    a[t] = (vu16){0};
-            }
-            ATRIUM_TSTAGE(a, 8)
-            ATRIUM_TSTAGE(a, 4)
-            ATRIUM_TSTAGE(a, 2)
-            ATRIUM_TSTAGE(a, 1)
-        }
+        for (int c = 0; c < J / 16; c++) transpose_keys(rows, n, c, kt + 16 * c);
         vf16 acc[ATRIUM_DP_ROWS];
         for (int r = 0; r < R; r++) acc[r] = (vf16){0};
         for (int j = 0; j < J; j++)

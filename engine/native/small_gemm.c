@@ -27,6 +27,23 @@
 #include "vec.h"
 
 #define ROWS 12      /* rows of x a tile keeps in registers */
+/* F(R) for R = n (1 .. 12; more is 12), so that each tile runs with R a compile-time constant;
+ * each F(R) ends with a break. */
+#define BY_ROWS(n, F)  \
+    switch (n) {       \
+        case 1: F(1)   \
+        case 2: F(2)   \
+        case 3: F(3)   \
+        case 4: F(4)   \
+        case 5: F(5)   \
+        case 6: F(6)   \
+        case 7: F(7)   \
+        case 8: F(8)   \
+        case 9: F(9)   \
+        case 10: F(10) \
+        case 11: F(11) \
+        default: F(12) \
+    }
 #define K_BLOCK 512  /* inputs summed from zero before they join the total */
 
 #if ATRIUM_DPBF16
@@ -92,20 +109,7 @@ int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *
     else                                                                               \
         tile(xr, x_stride, wt, pairs, rr, res_stride, orow, N, b * 16, R, 1);       \
     break;
-            switch (M - r0 < ROWS ? M - r0 : ROWS) {
-                case 1: TILE(1)
-                case 2: TILE(2)
-                case 3: TILE(3)
-                case 4: TILE(4)
-                case 5: TILE(5)
-                case 6: TILE(6)
-                case 7: TILE(7)
-                case 8: TILE(8)
-                case 9: TILE(9)
-                case 10: TILE(10)
-                case 11: TILE(11)
-                default: TILE(12)
-            }
+            BY_ROWS(M - r0 < ROWS ? M - r0 : ROWS, TILE)
 #undef TILE
         }
     }
@@ -214,20 +218,7 @@ int atrium_small_gemm_codes_f32(const float *x, int64_t x_stride, const int8_t *
     else                                                                                \
         codes_tile(xr, x_stride, codes, scale, offset, K, rr, res_stride, orow, N, cb, R, 1); \
     break;
-            switch (M - r0 < CODE_ROWS ? M - r0 : CODE_ROWS) {
-                case 1: CTILE(1)
-                case 2: CTILE(2)
-                case 3: CTILE(3)
-                case 4: CTILE(4)
-                case 5: CTILE(5)
-                case 6: CTILE(6)
-                case 7: CTILE(7)
-                case 8: CTILE(8)
-                case 9: CTILE(9)
-                case 10: CTILE(10)
-                case 11: CTILE(11)
-                default: CTILE(12)
-            }
+            BY_ROWS(M - r0 < CODE_ROWS ? M - r0 : CODE_ROWS, CTILE)
 #undef CTILE
         }
     }

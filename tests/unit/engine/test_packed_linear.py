@@ -4,6 +4,7 @@ float32 weights kept as block codes, decoded exactly."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
 from engine.model.loader import load_model
 from engine.model.packed_linear import (
     CODE_BLOCK,
+    SMALL_GEMM_SOURCE,
     Codes,
+    CodesGemm,
     block_codes,
     load_codes_gemm,
     load_small_gemm,
@@ -26,6 +29,7 @@ from engine.model.packed_linear import (
     project,
     project_add,
 )
+from engine.native.build import try_load
 from tests.support.paged import PagedRunner, PagedSeq
 
 BF16_PACKING = packing_supported(torch.empty(1, dtype=torch.bfloat16))
@@ -292,6 +296,24 @@ def test_the_codes_product_decodes_each_weight_exactly() -> None:
     for start in range(0, 96, 32):
         x = torch.eye(96)[start : start + 32]
         assert torch.equal(CODES_GEMM(x, codes), weight.t()[start : start + 32])
+
+
+@needs_codes
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 builds only")
+def test_the_codes_product_built_for_avx2_decodes_and_sums_the_same(tmp_path: Path) -> None:
+    """Built for AVX2 CPUs (no AVX-512: two 8-lane halves per 16 columns), the product still
+    decodes every weight exactly and gives the float32 projection."""
+    avx2 = try_load(SMALL_GEMM_SOURCE, CodesGemm, tmp_path, ("-march=x86-64-v3",))
+    assert avx2 is not None
+    gen = torch.Generator().manual_seed(8)
+    weight = gguf_rounded(torch.randn(48, 64, generator=gen), "Q4_1")
+    codes = block_codes(weight)
+    assert codes is not None
+    assert torch.equal(avx2(torch.eye(64)[:13], codes), weight.t()[:13])
+    x = torch.randn(5, 64, generator=gen)
+    torch.testing.assert_close(
+        avx2(x, codes).double(), x.double() @ weight.double().t(), rtol=1e-5, atol=1e-5
+    )
 
 
 @needs_codes
