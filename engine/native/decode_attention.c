@@ -99,6 +99,24 @@ static inline void transpose_keys(const char *const *rows, int n, int c, vu16 *a
     ATRIUM_TSTAGE(a, 1)
 }
 
+/* A prefix row's scores (``pad`` of them) turned into weights exp(score - max) in place, rounded
+ * to bfloat16 with ``bf16`` (as probabilities weighting V are); stats[0] gets the max and
+ * stats[1] the sum of the unrounded weights. */
+static inline void prefix_weights(float *sr, int pad, float *stats, int bf16) {
+    vf16 peak = splat16(-INFINITY);
+    for (int t = 0; t < pad; t += 16) peak = max16(peak, vload16(sr + t));
+    const float top_s = hmax16(peak);
+    const vf16 top = splat16(top_s);
+    vf16 total = (vf16){0};
+    for (int t = 0; t < pad; t += 16) {
+        const vf16 e = vexp_nonpositive(vload16(sr + t) - top);
+        total += e;
+        vstore16(sr + t, bf16 ? vbf16_round(e) : e);
+    }
+    stats[0] = top_s;
+    stats[1] = hsum16(total);
+}
+
 /* float32 scores of G query heads against tokens begin .. kv_len - 1, sixteen tokens at a
  * time: each head's sixteen dot products are summed across lanes together (``reduce16``), not
  * one by one. Scores are scaled; lanes past the last token hold -inf. */
@@ -175,21 +193,7 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
                      select16(lane < splat16((float)n), acc[r] * s->scale, splat16(-INFINITY)));
     }
 
-    for (int r = 0; r < live; r++) {
-        float *sr = scores + (size_t)r * pad;
-        vf16 peak = splat16(-INFINITY);
-        for (int t = 0; t < pad; t += 16) peak = max16(peak, vload16(sr + t));
-        const float top_s = hmax16(peak);
-        const vf16 top = splat16(top_s);
-        vf16 total = (vf16){0};
-        for (int t = 0; t < pad; t += 16) {
-            const vf16 e = vexp_nonpositive(vload16(sr + t) - top);
-            total += e;
-            vstore16(sr + t, e);
-        }
-        out[r][D] = top_s;
-        out[r][D + 1] = hsum16(total);
-    }
+    for (int r = 0; r < live; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 0);
 
     /* Values: four rows at a time against each token's V row (read from the cache, which the
      * first row tile brought in). */
@@ -320,21 +324,7 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
     }
 
     /* Weights exp(score - max), rounded to bfloat16 where they weight V; their sum unrounded. */
-    for (int r = 0; r < R; r++) {
-        float *sr = scores + (size_t)r * pad;
-        vf16 peak = splat16(-INFINITY);
-        for (int t = 0; t < pad; t += 16) peak = max16(peak, vload16(sr + t));
-        const float top_s = hmax16(peak);
-        const vf16 top = splat16(top_s);
-        vf16 total = (vf16){0};
-        for (int t = 0; t < pad; t += 16) {
-            const vf16 e = vexp_nonpositive(vload16(sr + t) - top);
-            total += e;
-            vstore16(sr + t, vbf16_round(e));
-        }
-        out[r][D] = top_s;
-        out[r][D + 1] = hsum16(total);
-    }
+    for (int r = 0; r < R; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 1);
 
     /* V as pairs of tokens, once for all rows; then rows a few at a time against them. */
     const char *v_base = cache_h + v_bytes;
