@@ -23,7 +23,7 @@ A float32 weight that is, in every run of 32 inputs of a row, ``code * scale + o
 for small integer codes -- as the weights decoded from a GGUF file in Q4_1 or Q8_0 are -- also
 keeps those codes (``block_codes``): steps of up to ``SMALL_BATCH`` rows then run in
 ``small_gemm.c``, which decodes the weights as it goes and multiplies in float32. Decode steps
-are bound by reading the weights, and the codes are a quarter of the float32 bytes; the
+are bound by reading the weights, and the codes take under a third of the float32 bytes; the
 products are those of the same float32 weights (summed in another order than oneDNN's).
 """
 

@@ -19,7 +19,7 @@
  * + offset exactly (the product of a half-precision scale and a code is exact in float32, so
  * one rounding remains, the one that made the weight). ``atrium_small_gemm_codes_f32`` decodes
  * sixteen columns at a time and multiplies in float32: the products of float32 weights, reading
- * a quarter of their bytes. Built by engine/native/build.py.
+ * under a third of their bytes (1.25 a weight). Built by engine/native/build.py.
  */
 #include <stdint.h>
 #include <string.h>
