@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -75,15 +76,49 @@ class Packed(NamedTuple):
     codes: Codes | None = None  # float32 weights that are block codes exactly, or None
 
 
+def _small_call(
+    fn: Callable[..., int],
+    x: torch.Tensor,  # [n, in], rows contiguous
+    weight: tuple[int, ...],  # the weight's arrays (data pointers), in the C function's order
+    out_features: int,
+    residual: torch.Tensor | None,  # [n, out], rows contiguous
+) -> torch.Tensor:  # [n, out] in x's dtype
+    """Run one of ``small_gemm.c``'s products: (x, x's row stride, *weight, residual and its row
+    stride, out, M, N, K, threads) -> status."""
+    n, k = x.shape
+    out = torch.empty((n, out_features), dtype=x.dtype)
+    status = fn(
+        x.data_ptr(),
+        x.stride(0),
+        *weight,
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        out.data_ptr(),
+        n,
+        out_features,
+        k,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise ValueError(f"small gemm failed ({status}) for {n} x {k} -> {out_features}")
+    return out
+
+
+def _bind(library: Path, name: str, weight_arrays: int) -> Callable[..., int]:
+    """``small_gemm.c``'s function ``name``, typed for ``_small_call`` with ``weight_arrays``
+    pointers for the weight."""
+    fn: ctypes._NamedFuncPointer = getattr(ctypes.CDLL(str(library)), name)
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, i64, *[p] * weight_arrays, p, i64, p, i64, i64, i64, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class SmallGemm:
-    """ctypes binding of ``small_gemm.c``."""
+    """ctypes binding of ``small_gemm.c``'s bfloat16 pair product."""
 
     def __init__(self, library: Path) -> None:
-        fn = ctypes.CDLL(str(library)).atrium_small_gemm_bf16
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [p, i64, p, p, i64, p, i64, i64, i64, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._fn = _bind(library, "atrium_small_gemm_bf16", 1)
         self.library = library
 
     def __call__(
@@ -92,35 +127,14 @@ class SmallGemm:
         pairs: torch.Tensor,  # from ``pair_layout``
         residual: torch.Tensor | None = None,  # [n, out] bf16, rows contiguous
     ) -> torch.Tensor:  # [n, out]
-        n, k = x.shape
-        out_features = pairs.shape[0] * 16
-        out = torch.empty((n, out_features), dtype=torch.bfloat16)
-        status = self._fn(
-            x.data_ptr(),
-            x.stride(0),
-            pairs.data_ptr(),
-            None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0),
-            out.data_ptr(),
-            n,
-            out_features,
-            k,
-            torch.get_num_threads(),
-        )
-        if status != 0:
-            raise ValueError(f"small gemm: unsupported shape {n} x {k} -> {out_features}")
-        return out
+        return _small_call(self._fn, x, (pairs.data_ptr(),), pairs.shape[0] * 16, residual)
 
 
 class CodesGemm:
     """ctypes binding of ``small_gemm.c``'s float32 product over ``Codes``."""
 
     def __init__(self, library: Path) -> None:
-        fn = ctypes.CDLL(str(library)).atrium_small_gemm_codes_f32
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [p, i64, p, p, p, p, i64, p, i64, i64, i64, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._fn = _bind(library, "atrium_small_gemm_codes_f32", 3)
 
     def __call__(
         self,
@@ -128,26 +142,8 @@ class CodesGemm:
         codes: Codes,
         residual: torch.Tensor | None = None,  # [n, out] float32, rows contiguous
     ) -> torch.Tensor:  # [n, out]
-        n, k = x.shape
-        out_features = codes.codes.shape[0] * 16
-        out = torch.empty((n, out_features), dtype=torch.float32)
-        status = self._fn(
-            x.data_ptr(),
-            x.stride(0),
-            codes.codes.data_ptr(),
-            codes.scale.data_ptr(),
-            codes.offset.data_ptr(),
-            None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0),
-            out.data_ptr(),
-            n,
-            out_features,
-            k,
-            torch.get_num_threads(),
-        )
-        if status != 0:
-            raise ValueError(f"codes gemm: unsupported shape {n} x {k} -> {out_features}")
-        return out
+        arrays = (codes.codes.data_ptr(), codes.scale.data_ptr(), codes.offset.data_ptr())
+        return _small_call(self._fn, x, arrays, codes.codes.shape[0] * 16, residual)
 
 
 @functools.cache

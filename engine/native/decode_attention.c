@@ -200,9 +200,8 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
     const char *v_base = cache_h + v_bytes;
     const int C = D / 16, RT = 4;
     for (int r0 = 0; r0 < live; r0 += RT) {
-        const int nr = RT;
         vf16 o[RT][ATRIUM_MAX_DIM / 16];
-        for (int r = 0; r < nr; r++)
+        for (int r = 0; r < RT; r++)
             for (int c = 0; c < C; c++) o[r][c] = (vf16){0};
         for (int t0 = 0; t0 < tokens; t0 += 16) {
             const int n = tokens - t0 < 16 ? tokens - t0 : 16;
@@ -212,13 +211,13 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
                 prefetch_block(v_base, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 4);
             for (int t = 0; t < n; t++) {
                 const float *v = (const float *)rows[t];
-                for (int r = 0; r < nr; r++) {
+                for (int r = 0; r < RT; r++) {
                     const float p = scores[(size_t)(r0 + r) * pad + t0 + t];
                     for (int c = 0; c < C; c++) o[r][c] += p * vload16(v + 16 * c);
                 }
             }
         }
-        for (int r = 0; r < nr && r0 + r < live; r++)
+        for (int r = 0; r < RT && r0 + r < live; r++)
             for (int c = 0; c < C; c++) vstore16(out[r0 + r] + 16 * c, o[r][c]);
     }
 }

@@ -26,7 +26,11 @@
 
 #include "vec.h"
 
-#define ROWS 12      /* rows of x a tile keeps in registers */
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define ROWS 12      /* rows of x a tile (either product's) keeps in registers */
 /* F(R) for R = n (1 .. 12; more is 12), so that each tile runs with R a compile-time constant;
  * each F(R) ends with a break. */
 #define BY_ROWS(n, F)  \
@@ -121,12 +125,7 @@ int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *
 #endif
 }
 
-#define CODE_ROWS 12 /* rows of x a codes tile keeps in registers */
 #define CODE_BLOCK 32 /* inputs that share a scale and an offset */
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 /* Sixteen int8 codes as floats (compilers scalarise the generic conversion). */
 static inline vf16 widen_codes(const int8_t *p) {
@@ -163,7 +162,7 @@ static inline __attribute__((always_inline)) void codes_tile(
     const float *x, int64_t x_stride, const int8_t *codes, const float *scale,
     const float *offset, int64_t K, const float *res, int64_t res_stride, float *out,
     int64_t out_stride, int64_t cb, const int R, const int B) {
-    vf16 acc[CODE_ROWS][2];
+    vf16 acc[ROWS][2];
     for (int r = 0; r < R; r++)
         for (int b = 0; b < B; b++) acc[r][b] = splat16(0.0f);
     const int64_t kblocks = K / CODE_BLOCK;
@@ -208,7 +207,7 @@ int atrium_small_gemm_codes_f32(const float *x, int64_t x_stride, const int8_t *
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t cb = 2 * t;
         const int two = cb + 1 < blocks;
-        for (int64_t r0 = 0; r0 < M; r0 += CODE_ROWS) {
+        for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
             const float *xr = x + r0 * x_stride;
             const float *rr = res != NULL ? res + r0 * res_stride : NULL;
             float *orow = out + r0 * N;
@@ -218,7 +217,7 @@ int atrium_small_gemm_codes_f32(const float *x, int64_t x_stride, const int8_t *
     else                                                                                \
         codes_tile(xr, x_stride, codes, scale, offset, K, rr, res_stride, orow, N, cb, R, 1); \
     break;
-            BY_ROWS(M - r0 < CODE_ROWS ? M - r0 : CODE_ROWS, CTILE)
+            BY_ROWS(M - r0 < ROWS ? M - r0 : ROWS, CTILE)
 #undef CTILE
         }
     }
