@@ -515,6 +515,121 @@ static inline __attribute__((always_inline)) void attend_item(
     }
 }
 
+/* Each specialisation is a function of its own, called once per item: inlined together into
+ * the parallel region they made one function so large that building it took a minute. */
+#define ITEM_ARGS                                                                              \
+    const void *q_seq, const void *cache, void *out_seq, const int32_t *table, int begin,      \
+        int kv_len, int kvh, const float *prior, const shape_t *s, float *scores
+#define DEFINE_ITEM(GG, D, BF)                                                                  \
+    static __attribute__((noinline)) void attend_item_##GG##_##D##_##BF(ITEM_ARGS) {            \
+        attend_item(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, s, GG, D, BF,      \
+                    scores);                                                                    \
+    }
+#define DEFINE_ITEMS(D, BF)                                                                     \
+    DEFINE_ITEM(1, D, BF)                                                                       \
+    DEFINE_ITEM(2, D, BF)                                                                       \
+    DEFINE_ITEM(3, D, BF)                                                                       \
+    DEFINE_ITEM(4, D, BF)                                                                       \
+    DEFINE_ITEM(8, D, BF)
+DEFINE_ITEMS(64, 0)
+DEFINE_ITEMS(64, 1)
+DEFINE_ITEMS(128, 0)
+DEFINE_ITEMS(128, 1)
+
+static __attribute__((noinline)) void attend_item_any(ITEM_ARGS, int G, int D, int bf16) {
+    if (bf16)
+        attend_item(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, s, G, D, 1, scores);
+    else
+        attend_item(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, s, G, D, 0, scores);
+}
+
+/* Constant dtype, head size and group size for the common models, so each call is
+ * specialised; anything else runs the same code with runtime sizes. */
+static void attend_dispatch(ITEM_ARGS, int G, int D, int bf16) {
+#define ITEM(GG, DD, BF) \
+    attend_item_##GG##_##DD##_##BF(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, s, scores)
+#define BY_GROUP(DD, BF)                 \
+    switch (G) {                         \
+        case 1: ITEM(1, DD, BF); return; \
+        case 2: ITEM(2, DD, BF); return; \
+        case 3: ITEM(3, DD, BF); return; \
+        case 4: ITEM(4, DD, BF); return; \
+        case 8: ITEM(8, DD, BF); return; \
+        default: break;                  \
+    }
+    if (D == 64 && bf16) {
+        BY_GROUP(64, 1)
+    } else if (D == 64) {
+        BY_GROUP(64, 0)
+    } else if (D == 128 && bf16) {
+        BY_GROUP(128, 1)
+    } else if (D == 128) {
+        BY_GROUP(128, 0)
+    }
+#undef BY_GROUP
+#undef ITEM
+    attend_item_any(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, s, scores, G, D, bf16);
+}
+#undef DEFINE_ITEMS
+#undef DEFINE_ITEM
+#undef ITEM_ARGS
+
+/* The group prefix passes, likewise one function per specialisation: float32 rows unrolled in
+ * fours (R4), head size 64 constant. */
+#define PREFIX_F32_ARGS                                                                         \
+    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,           \
+        const shape_t *s, float *scores, float *const *out
+#define DEFINE_PREFIX_F32(RR, D)                                                                \
+    static __attribute__((noinline)) void prefix_f32_##RR##_##D(PREFIX_F32_ARGS) {              \
+        attend_prefix_f32(qb, RR, live, cache_h, table, tokens, s, D, scores, out);             \
+    }
+DEFINE_PREFIX_F32(4, 64)
+DEFINE_PREFIX_F32(8, 64)
+DEFINE_PREFIX_F32(12, 64)
+DEFINE_PREFIX_F32(16, 64)
+
+static __attribute__((noinline)) void prefix_f32_any(PREFIX_F32_ARGS, int R4, int D) {
+    attend_prefix_f32(qb, R4, live, cache_h, table, tokens, s, D, scores, out);
+}
+
+static void prefix_f32_dispatch(const float *qb, int R4, int live, const char *cache_h,
+                                const int32_t *table, int tokens, const shape_t *s, int D,
+                                float *scores, float *const *out) {
+    if (D == 64) {
+        switch (R4) {
+            case 4: prefix_f32_4_64(qb, live, cache_h, table, tokens, s, scores, out); return;
+            case 8: prefix_f32_8_64(qb, live, cache_h, table, tokens, s, scores, out); return;
+            case 12: prefix_f32_12_64(qb, live, cache_h, table, tokens, s, scores, out); return;
+            default: prefix_f32_16_64(qb, live, cache_h, table, tokens, s, scores, out); return;
+        }
+    }
+    prefix_f32_any(qb, live, cache_h, table, tokens, s, scores, out, R4, D);
+}
+#undef DEFINE_PREFIX_F32
+#undef PREFIX_F32_ARGS
+
+#if ATRIUM_DPBF16
+static __attribute__((noinline)) void prefix_dp_dispatch(
+    const uint16_t *const *rows, int R, const char *cache_h, const int32_t *table, int tokens,
+    const shape_t *s, int D, float *scratch, float *const *out) {
+    if (D == 64)
+        attend_prefix_dp(rows, R, cache_h, table, tokens, s, 64, scratch, out);
+    else
+        attend_prefix_dp(rows, R, cache_h, table, tokens, s, D, scratch, out);
+}
+#endif
+
+#if ATRIUM_DPBF16 && ATRIUM_AMX
+static __attribute__((noinline)) void prefix_amx_dispatch(const atrium_amx_keys_t *keys,
+                                                          int tokens, int R, float scale,
+                                                          atrium_amx_scratch_t *w, int D) {
+    if (D == 64)
+        atrium_amx_attend(keys, tokens, tokens - 1, R, scale, w, 64);
+    else
+        atrium_amx_attend(keys, tokens, tokens - 1, R, scale, w, D);
+}
+#endif
+
 static int compare_int64(const void *a, const void *b) {
     const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -649,10 +764,7 @@ int atrium_decode_attention(
                         (const char *)cache + (size_t)kvh * head_dim * 2,
                         pages + page_starts[SEQ(first)], page_size,
                         (int64_t)num_kv_heads * head_dim * 2};
-                    if (head_dim == 64)
-                        atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, 64);
-                    else
-                        atrium_amx_attend(&keys, tokens, tokens - 1, R, scale, &w, head_dim);
+                    prefix_amx_dispatch(&keys, tokens, R, scale, &w, head_dim);
                     for (int r = 0; r < R; r++) {
                         float *dst = partial + ((size_t)SEQ(first + r / G) * num_heads +
                                                 (size_t)(kvh * G + r % G)) * (head_dim + 2);
@@ -682,27 +794,12 @@ int atrium_decode_attention(
                         else
                             memset(qb + (size_t)r * head_dim, 0, sizeof(float) * (size_t)head_dim);
                     }
-#define PREFIX_F32(RR)                                                                          \
-    if (head_dim == 64)                                                                         \
-        attend_prefix_f32(qb, RR, R, cache_h, table, tokens, &s, 64, base, dst);                \
-    else                                                                                        \
-        attend_prefix_f32(qb, RR, R, cache_h, table, tokens, &s, head_dim, base, dst);          \
-    break;
-                    switch (R4) {
-                        case 4: PREFIX_F32(4)
-                        case 8: PREFIX_F32(8)
-                        case 12: PREFIX_F32(12)
-                        default: PREFIX_F32(16)
-                    }
-#undef PREFIX_F32
+                    prefix_f32_dispatch(qb, R4, R, cache_h, table, tokens, &s, head_dim, base, dst);
                     continue;
                 }
 #if ATRIUM_DPBF16
-                const uint16_t *const *br = (const uint16_t *const *)rows;
-                if (head_dim == 64)
-                    attend_prefix_dp(br, R, cache_h, table, tokens, &s, 64, base, dst);
-                else
-                    attend_prefix_dp(br, R, cache_h, table, tokens, &s, head_dim, base, dst);
+                prefix_dp_dispatch((const uint16_t *const *)rows, R, cache_h, table, tokens, &s,
+                                   head_dim, base, dst);
 #endif
             }
 #if ATRIUM_DPBF16 && ATRIUM_AMX
@@ -737,34 +834,8 @@ int atrium_decode_attention(
             const void *q_seq = (const char *)q + (size_t)seq * (size_t)q_row_stride * elem;
             void *out_seq = (char *)out + (size_t)seq * (size_t)num_heads * head_dim * elem;
             const int32_t *table = pages + page_starts[seq];
-            /* Constant dtype, head size and group size for the common models, so each call
-             * below is specialised; anything else runs the same code with runtime sizes. */
-#define ATTEND(GG, D, BF) \
-    attend_item(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, &s, GG, D, BF, scores)
-#define BY_GROUP(D, BF)                \
-    switch (G) {                       \
-        case 1: ATTEND(1, D, BF); break; \
-        case 2: ATTEND(2, D, BF); break; \
-        case 3: ATTEND(3, D, BF); break; \
-        case 4: ATTEND(4, D, BF); break; \
-        case 8: ATTEND(8, D, BF); break; \
-        default: ATTEND(G, D, BF); break; \
-    }
-            if (head_dim == 64 && bf16) {
-                BY_GROUP(64, 1)
-            } else if (head_dim == 64) {
-                BY_GROUP(64, 0)
-            } else if (head_dim == 128 && bf16) {
-                BY_GROUP(128, 1)
-            } else if (head_dim == 128) {
-                BY_GROUP(128, 0)
-            } else if (bf16) {
-                ATTEND(G, head_dim, 1);
-            } else {
-                ATTEND(G, head_dim, 0);
-            }
-#undef BY_GROUP
-#undef ATTEND
+            attend_dispatch(q_seq, cache, out_seq, table, begin, kv_len, kvh, prior, &s, scores, G,
+                            head_dim, bf16);
         }
         free(scores);
     }
