@@ -135,8 +135,10 @@ static inline __attribute__((always_inline)) void attend_tile(
                     for (int v = 0; v < NV; v++) acc[jj][v] = _mm512_setzero_ps();
                 for (int i = 0; i < D / 2; i++) {
                     __m512bh q[NV];
-                    for (int v = 0; v < NV; v++)
+                    for (int v = 0; v < NV; v++) {
                         q[v] = (__m512bh)_mm512_loadu_si512(qt + i * ROWS + 16 * v);
+                        ATRIUM_IN_REGISTER(q[v]);
+                    }
                     for (int jj = 0; jj < 4; jj++) {
                         uint32_t pair;
                         memcpy(&pair, krow[j + jj] + 4 * (size_t)i, 4);
@@ -165,7 +167,10 @@ static inline __attribute__((always_inline)) void attend_tile(
                     for (int v = 0; v < NV; v++) acc[jj][v] = (vf16){0};
                 for (int d = 0; d < D; d++) {
                     vf16 q[NV];
-                    for (int v = 0; v < NV; v++) q[v] = vload16(qt + d * ROWS + 16 * v);
+                    for (int v = 0; v < NV; v++) {
+                        q[v] = vload16(qt + d * ROWS + 16 * v);
+                        ATRIUM_IN_REGISTER(q[v]);
+                    }
                     for (int jj = 0; jj < 4; jj++) {
                         const float kd = kb[(j + jj) * D + d];
                         for (int v = 0; v < NV; v++) acc[jj][v] += kd * q[v];
@@ -227,8 +232,10 @@ static inline __attribute__((always_inline)) void attend_tile(
                                               vload16(alpha + 16 * v));
                 for (int i = 0; i < np; i++) {
                     __m512bh p[NV];
-                    for (int v = 0; v < NV; v++)
+                    for (int v = 0; v < NV; v++) {
                         p[v] = (__m512bh)_mm512_loadu_si512(p2 + i * ROWS + 16 * v);
+                        ATRIUM_IN_REGISTER(p[v]);
+                    }
                     for (int dd = 0; dd < 4; dd++) {
                         const __m512bh x = (__m512bh)_mm512_set1_epi32((int)vp[i * D + d + dd]);
                         for (int v = 0; v < NV; v++) acc[dd][v] = _mm512_dpbf16_ps(acc[dd][v], p[v], x);
@@ -247,7 +254,10 @@ static inline __attribute__((always_inline)) void attend_tile(
                         acc[dd][v] = vload16(ot + (d + dd) * ROWS + 16 * v) * vload16(alpha + 16 * v);
                 for (int j = 0; j < nk; j++) {
                     vf16 p[NV];
-                    for (int v = 0; v < NV; v++) p[v] = vload16(s + j * ROWS + 16 * v);
+                    for (int v = 0; v < NV; v++) {
+                        p[v] = vload16(s + j * ROWS + 16 * v);
+                        ATRIUM_IN_REGISTER(p[v]);
+                    }
                     for (int dd = 0; dd < 4; dd++) {
                         const float vd = vb[j * D + d + dd];
                         for (int v = 0; v < NV; v++) acc[dd][v] += vd * p[v];

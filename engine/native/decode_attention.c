@@ -210,10 +210,14 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
             if (r0 == 0)
                 prefetch_block(v_base, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 4);
             for (int t = 0; t < n; t++) {
-                const float *v = (const float *)rows[t];
+                vf16 vc[ATRIUM_MAX_DIM / 16];
+                for (int c = 0; c < C; c++) {
+                    vc[c] = vload16((const float *)rows[t] + 16 * c);
+                    if (C <= 8) ATRIUM_IN_REGISTER(vc[c]);
+                }
                 for (int r = 0; r < RT; r++) {
                     const float p = scores[(size_t)(r0 + r) * pad + t0 + t];
-                    for (int c = 0; c < C; c++) o[r][c] += p * vload16(v + 16 * c);
+                    for (int c = 0; c < C; c++) o[r][c] += p * vc[c];
                 }
             }
         }
@@ -286,10 +290,11 @@ static inline size_t prefix_dp_floats(int tokens, int D) {
 }
 
 static inline __attribute__((always_inline)) void attend_prefix_dp(
-    const uint16_t *const *q_rows, /* R query rows of D bfloat16 values */
-    const int R, const char *cache_h, /* the layer's cache, offset to this KV head */
+    const uint16_t *const *q_rows, /* R query rows of D bfloat16 values; past ``live`` zero */
+    const int R, /* a multiple of 4 (a compile-time constant below, so the rows unroll) */
+    int live, const char *cache_h, /* the layer's cache, offset to this KV head */
     const int32_t *table, int tokens, const shape_t *s, const int D, float *scratch,
-    float *const *out /* R rows of D + 2 floats: output, max, sum */) {
+    float *const *out /* ``live`` rows of D + 2 floats: output, max, sum */) {
     const int J = D / 2; /* pairs of dimensions */
     const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 2;
     const int64_t v_bytes = (int64_t)s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
@@ -323,7 +328,7 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
     }
 
     /* Weights exp(score - max), rounded to bfloat16 where they weight V; their sum unrounded. */
-    for (int r = 0; r < R; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 1);
+    for (int r = 0; r < live; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 1);
 
     /* V as pairs of tokens, once for all rows; then rows a few at a time against them. */
     const char *v_base = cache_h + v_bytes;
@@ -337,22 +342,25 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
                       vpairs + (size_t)(t0 + t) / 2 * D);
     }
     const int C = D / 16, RT = C <= 4 ? 6 : C <= 8 ? 3 : 1;
-    for (int r0 = 0; r0 < R; r0 += RT) {
-        const int nr = R - r0 < RT ? R - r0 : RT;
+    for (int r0 = 0; r0 < live; r0 += RT) {
+        const int nr = live - r0 < RT ? live - r0 : RT;
         vf16 o[6][ATRIUM_MAX_DIM / 16];
         for (int r = 0; r < nr; r++)
             for (int c = 0; c < C; c++) o[r][c] = (vf16){0};
         for (int t = 0; t < tokens; t += 2) {
             const uint32_t *vp = vpairs + (size_t)t / 2 * D;
+            __m512bh vc[ATRIUM_MAX_DIM / 16];
+            for (int c = 0; c < C; c++) {
+                vc[c] = (__m512bh)_mm512_loadu_si512(vp + 16 * c);
+                if (C <= 4) ATRIUM_IN_REGISTER(vc[c]);
+            }
             for (int r = 0; r < nr; r++) {
                 uint32_t even, odd;
                 memcpy(&even, scores + (size_t)(r0 + r) * pad + t, 4);
                 memcpy(&odd, scores + (size_t)(r0 + r) * pad + t + 1, 4);
                 const __m512bh p =
                     (__m512bh)_mm512_set1_epi32((int)((even >> 16) | (odd & 0xffff0000u)));
-                for (int c = 0; c < C; c++)
-                    o[r][c] = (vf16)_mm512_dpbf16_ps((__m512)o[r][c],
-                                                      (__m512bh)_mm512_loadu_si512(vp + 16 * c), p);
+                for (int c = 0; c < C; c++) o[r][c] = (vf16)_mm512_dpbf16_ps((__m512)o[r][c], vc[c], p);
             }
         }
         for (int r = 0; r < nr; r++)
@@ -471,6 +479,11 @@ static inline __attribute__((always_inline)) void attend_item(
             for (int t = 0; t < n; t += 2) {
                 uint32_t vp[ATRIUM_MAX_DIM];
                 pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D, vp);
+                __m512bh vc[MAX_CHUNKS];
+                for (int c = 0; c < C; c++) {
+                    vc[c] = (__m512bh)_mm512_loadu_si512(vp + 16 * c);
+                    if (C <= 8) ATRIUM_IN_REGISTER(vc[c]);
+                }
                 for (int g = 0; g < G; g++) {
                     uint32_t even, odd;
                     memcpy(&even, scores + (int64_t)g * kv_pad + t0 + t, 4);
@@ -478,8 +491,7 @@ static inline __attribute__((always_inline)) void attend_item(
                     const __m512bh p =
                         (__m512bh)_mm512_set1_epi32((int)((even >> 16) | (odd & 0xffff0000u)));
                     for (int c = 0; c < C; c++)
-                        acc[g][c] = (vf16)_mm512_dpbf16_ps(
-                            (__m512)acc[g][c], (__m512bh)_mm512_loadu_si512(vp + 16 * c), p);
+                        acc[g][c] = (vf16)_mm512_dpbf16_ps((__m512)acc[g][c], vc[c], p);
                 }
             }
         }
@@ -494,7 +506,10 @@ static inline __attribute__((always_inline)) void attend_item(
                        page_stride * elem, rows);
             for (int t = 0; t < n; t++) {
                 vf16 vc[MAX_CHUNKS];
-                for (int c = 0; c < C; c++) vc[c] = load16(rows[t] + 16 * c * elem, bf16);
+                for (int c = 0; c < C; c++) {
+                    vc[c] = load16(rows[t] + 16 * c * elem, bf16);
+                    if (C <= 8) ATRIUM_IN_REGISTER(vc[c]);
+                }
                 for (int g = 0; g < G; g++) {
                     const float p = scores[(int64_t)g * kv_pad + t0 + t];
                     for (int c = 0; c < C; c++) acc[g][c] += p * vc[c];
@@ -609,14 +624,41 @@ static void prefix_f32_dispatch(const float *qb, int R4, int live, const char *c
 #undef PREFIX_F32_ARGS
 
 #if ATRIUM_DPBF16
-static __attribute__((noinline)) void prefix_dp_dispatch(
-    const uint16_t *const *rows, int R, const char *cache_h, const int32_t *table, int tokens,
-    const shape_t *s, int D, float *scratch, float *const *out) {
-    if (D == 64)
-        attend_prefix_dp(rows, R, cache_h, table, tokens, s, 64, scratch, out);
-    else
-        attend_prefix_dp(rows, R, cache_h, table, tokens, s, D, scratch, out);
+/* The bfloat16 pass the same way: rows padded with zero rows to a multiple of 4. */
+#define PREFIX_DP_ARGS                                                                          \
+    const uint16_t *const *rows, int live, const char *cache_h, const int32_t *table,           \
+        int tokens, const shape_t *s, float *scratch, float *const *out
+#define DEFINE_PREFIX_DP(RR, D)                                                                 \
+    static __attribute__((noinline)) void prefix_dp_##RR##_##D(PREFIX_DP_ARGS) {                \
+        attend_prefix_dp(rows, RR, live, cache_h, table, tokens, s, D, scratch, out);           \
+    }
+DEFINE_PREFIX_DP(4, 64)
+DEFINE_PREFIX_DP(8, 64)
+DEFINE_PREFIX_DP(12, 64)
+DEFINE_PREFIX_DP(16, 64)
+
+static __attribute__((noinline)) void prefix_dp_any(PREFIX_DP_ARGS, int R4, int D) {
+    attend_prefix_dp(rows, R4, live, cache_h, table, tokens, s, D, scratch, out);
 }
+
+static void prefix_dp_dispatch(const uint16_t *const *q_rows, int R, const char *cache_h,
+                               const int32_t *table, int tokens, const shape_t *s, int D,
+                               float *scratch, float *const *out) {
+    const int R4 = (R + 3) & ~3;
+    const uint16_t *rows[ATRIUM_DP_ROWS];
+    for (int r = 0; r < R4; r++) rows[r] = r < R ? q_rows[r] : ATRIUM_ZERO_ROW;
+    if (D == 64) {
+        switch (R4) {
+            case 4: prefix_dp_4_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
+            case 8: prefix_dp_8_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
+            case 12: prefix_dp_12_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
+            default: prefix_dp_16_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
+        }
+    }
+    prefix_dp_any(rows, R, cache_h, table, tokens, s, scratch, out, R4, D);
+}
+#undef DEFINE_PREFIX_DP
+#undef PREFIX_DP_ARGS
 #endif
 
 #if ATRIUM_DPBF16 && ATRIUM_AMX
