@@ -9,8 +9,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define ATRIUM_DPBF16 1 /* bfloat16 pair dot products (vdpbf16ps) */
 #else
 #define ATRIUM_DPBF16 0
@@ -75,7 +77,13 @@ static inline vf16 select16(vi16 mask, vf16 a, vf16 b) {
     return (vf16)(((vi16)a & mask) | ((vi16)b & ~mask));
 }
 
-static inline vf16 max16(vf16 a, vf16 b) { return select16(a > b, a, b); }
+static inline vf16 max16(vf16 a, vf16 b) {
+#if defined(__AVX512F__)
+    return (vf16)_mm512_max_ps((__m512)a, (__m512)b); /* a > b ? a : b, as below */
+#else
+    return select16(a > b, a, b);
+#endif
+}
 
 static inline float hmax16(vf16 v) {
     vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -104,13 +112,20 @@ static inline vf16 vexp_reduced(vf16 x, vf16 n) {
 }
 
 static inline vf16 vexp_nonpositive(vf16 x) {
+    const vf16 arg = x;
     const vi16 underflow = x < splat16(-87.0f);
     x = select16(underflow, splat16(-87.0f), x);
     const vf16 magic = splat16(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
     const vf16 n = (x * 1.44269504088896341f + magic) - magic;
     const vf16 p = vexp_reduced(x, n);
+#if defined(__AVX512F__)
+    /* p * 2^n, exactly the product below; lanes that underflowed are zero. */
+    const __mmask16 keep = _mm512_cmp_ps_mask((__m512)arg, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
+    return (vf16)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n);
+#else
     const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
     return select16(underflow, splat16(0.0f), p * (vf16)bits);
+#endif
 }
 
 /* bf16_round on sixteen lanes (round to nearest even; NaN stays NaN). */
