@@ -589,77 +589,54 @@ static void attend_dispatch(ITEM_ARGS, int G, int D, int bf16) {
 #undef DEFINE_ITEM
 #undef ITEM_ARGS
 
-/* The group prefix passes, likewise one function per specialisation: float32 rows unrolled in
- * fours (R4), head size 64 constant. */
-#define PREFIX_F32_ARGS                                                                         \
-    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,           \
-        const shape_t *s, float *scores, float *const *out
-#define DEFINE_PREFIX_F32(RR, D)                                                                \
-    static __attribute__((noinline)) void prefix_f32_##RR##_##D(PREFIX_F32_ARGS) {              \
-        attend_prefix_f32(qb, RR, live, cache_h, table, tokens, s, D, scores, out);             \
+/* The group prefix passes, likewise one function per specialisation: rows unrolled in fours
+ * (R4, a multiple of 4), head size 64 constant. NAME(..., R4, D) picks one. */
+#define PREFIX_ARGS(Q)                                                                          \
+    Q q, int live, const char *cache_h, const int32_t *table, int tokens, const shape_t *s,     \
+        float *scratch, float *const *out
+#define PREFIX_ROWS(NAME, PASS, Q, RR)                                                          \
+    static __attribute__((noinline)) void NAME##_##RR(PREFIX_ARGS(Q)) {                         \
+        PASS(q, RR, live, cache_h, table, tokens, s, 64, scratch, out);                         \
     }
-DEFINE_PREFIX_F32(4, 64)
-DEFINE_PREFIX_F32(8, 64)
-DEFINE_PREFIX_F32(12, 64)
-DEFINE_PREFIX_F32(16, 64)
-
-static __attribute__((noinline)) void prefix_f32_any(PREFIX_F32_ARGS, int R4, int D) {
-    attend_prefix_f32(qb, R4, live, cache_h, table, tokens, s, D, scores, out);
-}
-
-static void prefix_f32_dispatch(const float *qb, int R4, int live, const char *cache_h,
-                                const int32_t *table, int tokens, const shape_t *s, int D,
-                                float *scores, float *const *out) {
-    if (D == 64) {
-        switch (R4) {
-            case 4: prefix_f32_4_64(qb, live, cache_h, table, tokens, s, scores, out); return;
-            case 8: prefix_f32_8_64(qb, live, cache_h, table, tokens, s, scores, out); return;
-            case 12: prefix_f32_12_64(qb, live, cache_h, table, tokens, s, scores, out); return;
-            default: prefix_f32_16_64(qb, live, cache_h, table, tokens, s, scores, out); return;
-        }
+#define DEFINE_PREFIX_PASS(NAME, PASS, Q)                                                       \
+    PREFIX_ROWS(NAME, PASS, Q, 4)                                                               \
+    PREFIX_ROWS(NAME, PASS, Q, 8)                                                               \
+    PREFIX_ROWS(NAME, PASS, Q, 12)                                                              \
+    PREFIX_ROWS(NAME, PASS, Q, 16)                                                              \
+    static __attribute__((noinline)) void NAME##_any(PREFIX_ARGS(Q), int R4, int D) {           \
+        PASS(q, R4, live, cache_h, table, tokens, s, D, scratch, out);                          \
+    }                                                                                           \
+    static void NAME(PREFIX_ARGS(Q), int R4, int D) {                                           \
+        if (D == 64) {                                                                          \
+            switch (R4) {                                                                       \
+                case 4: NAME##_4(q, live, cache_h, table, tokens, s, scratch, out); return;     \
+                case 8: NAME##_8(q, live, cache_h, table, tokens, s, scratch, out); return;     \
+                case 12: NAME##_12(q, live, cache_h, table, tokens, s, scratch, out); return;   \
+                default: NAME##_16(q, live, cache_h, table, tokens, s, scratch, out); return;   \
+            }                                                                                   \
+        }                                                                                       \
+        NAME##_any(q, live, cache_h, table, tokens, s, scratch, out, R4, D);                    \
     }
-    prefix_f32_any(qb, live, cache_h, table, tokens, s, scores, out, R4, D);
-}
-#undef DEFINE_PREFIX_F32
-#undef PREFIX_F32_ARGS
+
+/* float32: the query rows side by side in ``q``, rows past ``live`` zero. */
+DEFINE_PREFIX_PASS(prefix_f32, attend_prefix_f32, const float *)
 
 #if ATRIUM_DPBF16
-/* The bfloat16 pass the same way: rows padded with zero rows to a multiple of 4. */
-#define PREFIX_DP_ARGS                                                                          \
-    const uint16_t *const *rows, int live, const char *cache_h, const int32_t *table,           \
-        int tokens, const shape_t *s, float *scratch, float *const *out
-#define DEFINE_PREFIX_DP(RR, D)                                                                 \
-    static __attribute__((noinline)) void prefix_dp_##RR##_##D(PREFIX_DP_ARGS) {                \
-        attend_prefix_dp(rows, RR, live, cache_h, table, tokens, s, D, scratch, out);           \
-    }
-DEFINE_PREFIX_DP(4, 64)
-DEFINE_PREFIX_DP(8, 64)
-DEFINE_PREFIX_DP(12, 64)
-DEFINE_PREFIX_DP(16, 64)
+/* bfloat16: row pointers, padded with zero rows to a multiple of 4 here. */
+DEFINE_PREFIX_PASS(prefix_dp_rows, attend_prefix_dp, const uint16_t *const *)
 
-static __attribute__((noinline)) void prefix_dp_any(PREFIX_DP_ARGS, int R4, int D) {
-    attend_prefix_dp(rows, R4, live, cache_h, table, tokens, s, D, scratch, out);
-}
-
-static void prefix_dp_dispatch(const uint16_t *const *q_rows, int R, const char *cache_h,
-                               const int32_t *table, int tokens, const shape_t *s, int D,
-                               float *scratch, float *const *out) {
+static void prefix_dp(const uint16_t *const *q_rows, int R, const char *cache_h,
+                      const int32_t *table, int tokens, const shape_t *s, int D, float *scratch,
+                      float *const *out) {
     const int R4 = (R + 3) & ~3;
     const uint16_t *rows[ATRIUM_DP_ROWS];
     for (int r = 0; r < R4; r++) rows[r] = r < R ? q_rows[r] : ATRIUM_ZERO_ROW;
-    if (D == 64) {
-        switch (R4) {
-            case 4: prefix_dp_4_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
-            case 8: prefix_dp_8_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
-            case 12: prefix_dp_12_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
-            default: prefix_dp_16_64(rows, R, cache_h, table, tokens, s, scratch, out); return;
-        }
-    }
-    prefix_dp_any(rows, R, cache_h, table, tokens, s, scratch, out, R4, D);
+    prefix_dp_rows(rows, R, cache_h, table, tokens, s, scratch, out, R4, D);
 }
-#undef DEFINE_PREFIX_DP
-#undef PREFIX_DP_ARGS
 #endif
+#undef DEFINE_PREFIX_PASS
+#undef PREFIX_ROWS
+#undef PREFIX_ARGS
 
 #if ATRIUM_DPBF16 && ATRIUM_AMX
 static __attribute__((noinline)) void prefix_amx_dispatch(const atrium_amx_keys_t *keys,
@@ -836,12 +813,12 @@ int atrium_decode_attention(
                         else
                             memset(qb + (size_t)r * head_dim, 0, sizeof(float) * (size_t)head_dim);
                     }
-                    prefix_f32_dispatch(qb, R4, R, cache_h, table, tokens, &s, head_dim, base, dst);
+                    prefix_f32(qb, R, cache_h, table, tokens, &s, base, dst, R4, head_dim);
                     continue;
                 }
 #if ATRIUM_DPBF16
-                prefix_dp_dispatch((const uint16_t *const *)rows, R, cache_h, table, tokens, &s,
-                                   head_dim, base, dst);
+                prefix_dp((const uint16_t *const *)rows, R, cache_h, table, tokens, &s, head_dim,
+                          base, dst);
 #endif
             }
 #if ATRIUM_DPBF16 && ATRIUM_AMX
