@@ -9,11 +9,11 @@ import hashlib
 import hmac
 import secrets
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 
 from tenants.database import Database
 from tenants.models import Setting
-from tenants.upsert import insert_ignore
+from tenants.upsert import insert_ignore, insert_or_replace
 
 KEY_SECRET = "key_hmac_secret"
 ADMIN_TOKEN_HASH = "admin_token_sha256"
@@ -46,9 +46,11 @@ async def ensure_admin_token(db: Database, given: str | None) -> str | None:
     Returns the plaintext only when it was generated here (to be shown once), else None.
     """
     if given is not None:
+        # One statement, so gateways starting together on one database each set it (the same
+        # value) instead of racing a delete and an insert into a duplicate key.
+        row = {"key": ADMIN_TOKEN_HASH, "value": _sha256(given)}
         async with db.transaction() as session:
-            await session.execute(delete(Setting).where(Setting.key == ADMIN_TOKEN_HASH))
-            session.add(Setting(key=ADMIN_TOKEN_HASH, value=_sha256(given)))
+            await session.execute(insert_or_replace(db, Setting, [row], ["key"]))
         return None
     token = "atr-admin-" + secrets.token_urlsafe(32)
     stored = await _get_or_create(db, ADMIN_TOKEN_HASH, _sha256(token))

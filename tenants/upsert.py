@@ -32,3 +32,13 @@ def insert_or_add(db: Database, model: type[Base], rows: Rows, keys: Sequence[st
         index_elements=list(keys),
         set_={name: table.c[name] + stmt.excluded[name] for name in columns},  # type: ignore[attr-defined]
     )
+
+
+def insert_or_replace(db: Database, model: type[Base], rows: Rows, keys: Sequence[str]) -> Any:
+    """Insert rows; on a key conflict overwrite every other column with the new values."""
+    stmt = _insert(db, model, rows)
+    table = model.__table__
+    columns = [c.name for c in table.columns if c.name not in keys]  # type: ignore[attr-defined]
+    return stmt.on_conflict_do_update(
+        index_elements=list(keys), set_={name: stmt.excluded[name] for name in columns}
+    )

@@ -45,8 +45,10 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _serve(model: Path, url: str, tmp: Path, name: str) -> Iterator[str]:
-    """One gateway process; yields its base URL once it is ready."""
+def _serve(
+    model: Path, url: str, tmp: Path, name: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """One gateway process; yields its base URL and the process."""
     port = _free_port()
     env = {
         **os.environ,
@@ -60,7 +62,7 @@ def _serve(model: Path, url: str, tmp: Path, name: str) -> Iterator[str]:
     with log_path.open("w") as log:
         proc = subprocess.Popen([*ATRIUM, *args], env=env, stdout=log, stderr=log)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -70,15 +72,16 @@ def _serve(model: Path, url: str, tmp: Path, name: str) -> Iterator[str]:
             proc.wait()
 
 
-def _wait_ready(bases: list[str], timeout_s: float) -> None:
+def _wait_ready(servers: list[tuple[str, subprocess.Popen[bytes]]], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    pending = set(bases)
+    pending = dict(servers)
     while pending:
-        assert time.monotonic() < deadline, f"not ready: {pending}"
-        for base in list(pending):
+        assert time.monotonic() < deadline, f"not ready: {sorted(pending)}"
+        for base, proc in list(pending.items()):
+            assert proc.poll() is None, f"{base} exited with {proc.returncode} (see its log)"
             try:
                 if httpx.get(base + "/readyz", timeout=2).status_code == 200:
-                    pending.discard(base)
+                    del pending[base]
             except httpx.HTTPError:
                 pass
         time.sleep(0.25)
@@ -133,11 +136,12 @@ def test_two_gateways_never_overspend_a_small_budget(tiny_llama_dir: Path, tmp_p
     with migrated_database() as name, ExitStack() as stack:
         url = pg_url(name)
         (key,) = asyncio.run(create_tenant(url, tmp_path / "seed.spool", "race", Quotas(), 1))
-        bases = [
+        servers = [
             stack.enter_context(_serve(tiny_llama_dir, url, tmp_path, f"gw{n}")) for n in (0, 1)
         ]
         # Both processes may build the native kernels at once on a cold cache (two cores).
-        _wait_ready(bases, timeout_s=180)
+        _wait_ready(servers, timeout_s=180)
+        bases = [base for base, _ in servers]
         headers = {"Authorization": f"Bearer {key}"}
         model = httpx.get(bases[0] + "/v1/models", headers=headers).json()["data"][0]["id"]
         warmup = [
