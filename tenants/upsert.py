@@ -18,6 +18,11 @@ def _insert(db: Database, model: type[Base], rows: Rows) -> Any:
     return module.insert(model).values(list(rows))
 
 
+def _others(model: type[Base], keys: Sequence[str]) -> list[str]:
+    """The model's columns outside ``keys``."""
+    return [c.name for c in model.__table__.columns if c.name not in keys]  # type: ignore[attr-defined]
+
+
 def insert_ignore(db: Database, model: type[Base], rows: Rows) -> Any:
     """Insert rows, silently skipping those whose primary key already exists."""
     return _insert(db, model, rows).on_conflict_do_nothing()
@@ -27,18 +32,15 @@ def insert_or_add(db: Database, model: type[Base], rows: Rows, keys: Sequence[st
     """Insert rows; on a key conflict add every other column to the existing row's value."""
     stmt = _insert(db, model, rows)
     table = model.__table__
-    columns = [c.name for c in table.columns if c.name not in keys]  # type: ignore[attr-defined]
     return stmt.on_conflict_do_update(
         index_elements=list(keys),
-        set_={name: table.c[name] + stmt.excluded[name] for name in columns},  # type: ignore[attr-defined]
+        set_={name: table.c[name] + stmt.excluded[name] for name in _others(model, keys)},  # type: ignore[attr-defined]
     )
 
 
 def insert_or_replace(db: Database, model: type[Base], rows: Rows, keys: Sequence[str]) -> Any:
     """Insert rows; on a key conflict overwrite every other column with the new values."""
     stmt = _insert(db, model, rows)
-    table = model.__table__
-    columns = [c.name for c in table.columns if c.name not in keys]  # type: ignore[attr-defined]
     return stmt.on_conflict_do_update(
-        index_elements=list(keys), set_={name: stmt.excluded[name] for name in columns}
+        index_elements=list(keys), set_={name: stmt.excluded[name] for name in _others(model, keys)}
     )

@@ -210,14 +210,10 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
             if (r0 == 0)
                 prefetch_block(v_base, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 4);
             for (int t = 0; t < n; t++) {
-                vf16 vc[ATRIUM_MAX_DIM / 16];
-                for (int c = 0; c < C; c++) {
-                    vc[c] = vload16((const float *)rows[t] + 16 * c);
-                    if (C <= 8) ATRIUM_IN_REGISTER(vc[c]);
-                }
+                const float *v = (const float *)rows[t];
                 for (int r = 0; r < RT; r++) {
                     const float p = scores[(size_t)(r0 + r) * pad + t0 + t];
-                    for (int c = 0; c < C; c++) o[r][c] += p * vc[c];
+                    for (int c = 0; c < C; c++) o[r][c] += p * vload16(v + 16 * c);
                 }
             }
         }
@@ -349,18 +345,15 @@ static inline __attribute__((always_inline)) void attend_prefix_dp(
             for (int c = 0; c < C; c++) o[r][c] = (vf16){0};
         for (int t = 0; t < tokens; t += 2) {
             const uint32_t *vp = vpairs + (size_t)t / 2 * D;
-            __m512bh vc[ATRIUM_MAX_DIM / 16];
-            for (int c = 0; c < C; c++) {
-                vc[c] = (__m512bh)_mm512_loadu_si512(vp + 16 * c);
-                if (C <= 4) ATRIUM_IN_REGISTER(vc[c]);
-            }
             for (int r = 0; r < nr; r++) {
                 uint32_t even, odd;
                 memcpy(&even, scores + (size_t)(r0 + r) * pad + t, 4);
                 memcpy(&odd, scores + (size_t)(r0 + r) * pad + t + 1, 4);
                 const __m512bh p =
                     (__m512bh)_mm512_set1_epi32((int)((even >> 16) | (odd & 0xffff0000u)));
-                for (int c = 0; c < C; c++) o[r][c] = (vf16)_mm512_dpbf16_ps((__m512)o[r][c], vc[c], p);
+                for (int c = 0; c < C; c++)
+                    o[r][c] = (vf16)_mm512_dpbf16_ps((__m512)o[r][c],
+                                                      (__m512bh)_mm512_loadu_si512(vp + 16 * c), p);
             }
         }
         for (int r = 0; r < nr; r++)
@@ -479,11 +472,6 @@ static inline __attribute__((always_inline)) void attend_item(
             for (int t = 0; t < n; t += 2) {
                 uint32_t vp[ATRIUM_MAX_DIM];
                 pair_rows(rows[t], t + 1 < n ? rows[t + 1] : (const char *)ATRIUM_ZERO_ROW, D, vp);
-                __m512bh vc[MAX_CHUNKS];
-                for (int c = 0; c < C; c++) {
-                    vc[c] = (__m512bh)_mm512_loadu_si512(vp + 16 * c);
-                    if (C <= 8) ATRIUM_IN_REGISTER(vc[c]);
-                }
                 for (int g = 0; g < G; g++) {
                     uint32_t even, odd;
                     memcpy(&even, scores + (int64_t)g * kv_pad + t0 + t, 4);
@@ -491,7 +479,8 @@ static inline __attribute__((always_inline)) void attend_item(
                     const __m512bh p =
                         (__m512bh)_mm512_set1_epi32((int)((even >> 16) | (odd & 0xffff0000u)));
                     for (int c = 0; c < C; c++)
-                        acc[g][c] = (vf16)_mm512_dpbf16_ps((__m512)acc[g][c], vc[c], p);
+                        acc[g][c] = (vf16)_mm512_dpbf16_ps(
+                            (__m512)acc[g][c], (__m512bh)_mm512_loadu_si512(vp + 16 * c), p);
                 }
             }
         }
@@ -506,10 +495,7 @@ static inline __attribute__((always_inline)) void attend_item(
                        page_stride * elem, rows);
             for (int t = 0; t < n; t++) {
                 vf16 vc[MAX_CHUNKS];
-                for (int c = 0; c < C; c++) {
-                    vc[c] = load16(rows[t] + 16 * c * elem, bf16);
-                    if (C <= 8) ATRIUM_IN_REGISTER(vc[c]);
-                }
+                for (int c = 0; c < C; c++) vc[c] = load16(rows[t] + 16 * c * elem, bf16);
                 for (int g = 0; g < G; g++) {
                     const float p = scores[(int64_t)g * kv_pad + t0 + t];
                     for (int c = 0; c < C; c++) acc[g][c] += p * vc[c];

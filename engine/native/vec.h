@@ -112,16 +112,19 @@ static inline vf16 vexp_reduced(vf16 x, vf16 n) {
 }
 
 static inline vf16 vexp_nonpositive(vf16 x) {
-    const vf16 arg = x;
+#if defined(__AVX512F__)
+    /* Lanes below -87 (and -inf) are clamped, then zeroed through a mask register. */
+    const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
+    x = (vf16)_mm512_mask_mov_ps(_mm512_set1_ps(-87.0f), keep, (__m512)x);
+#else
     const vi16 underflow = x < splat16(-87.0f);
     x = select16(underflow, splat16(-87.0f), x);
+#endif
     const vf16 magic = splat16(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
     const vf16 n = (x * 1.44269504088896341f + magic) - magic;
     const vf16 p = vexp_reduced(x, n);
 #if defined(__AVX512F__)
-    /* p * 2^n, exactly the product below; lanes that underflowed are zero. */
-    const __mmask16 keep = _mm512_cmp_ps_mask((__m512)arg, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
-    return (vf16)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n);
+    return (vf16)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n); /* p * 2^n, exactly */
 #else
     const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
     return select16(underflow, splat16(0.0f), p * (vf16)bits);
