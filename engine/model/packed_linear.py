@@ -17,7 +17,8 @@ On CPUs with AVX512-BF16 but no AMX, oneDNN's bf16 kernels reach about half the 
 pair-dot-product rate at decode batch sizes. There a bf16 weight also gets a copy laid out as
 pairs for ``engine/native/small_gemm.c``, which runs steps of up to ``SMALL_BATCH`` rows --
 but only where, checked on this machine at load time, it gives oneDNN's results bit for bit
-(it sums in oneDNN's order; a weight whose results differ keeps oneDNN for every batch).
+(it sums in oneDNN's order -- in blocks of K whose size oneDNN picks by shape and batch size,
+found per batch size at load time; a weight whose results differ keeps oneDNN for every batch).
 
 A float32 weight that is, in every run of 32 inputs of a row, ``code * scale + offset`` exactly
 for small integer codes -- as the weights decoded from a GGUF file in Q4_1 or Q8_0 are -- also
@@ -53,7 +54,11 @@ SMALL_GEMM_SOURCE = FOLDER / "small_gemm.c"
 # weight of each shape is checked at every batch size up to SMALL_BATCH, the others of that
 # shape at these few, and a shape that failed once is not tried again.
 CHECK_ROWS = (1, 5, 13, 64)
-_SHAPES_CHECKED: dict[tuple[int, int], bool] = {}
+# Blocks of inputs oneDNN has been seen to sum from zero before adding them to the total; the
+# whole of K is tried too. A shape's block at each batch size is found on its first weight.
+K_BLOCKS = (512, 1024)
+# Per shape: the block for each batch size 1 .. SMALL_BATCH, or None where no block matched.
+_SHAPES_CHECKED: dict[tuple[int, int], tuple[int, ...] | None] = {}
 
 
 CODE_BLOCK = 32  # inputs that share a scale and an offset in ``block_codes``
@@ -74,6 +79,8 @@ class Packed(NamedTuple):
     onednn: torch.Tensor  # oneDNN's blocked layout
     pairs: torch.Tensor | None = None  # [out / 16, in / 2, 16, 2] for the pair product, or None
     codes: Codes | None = None  # float32 weights that are block codes exactly, or None
+    # With pairs: the block of inputs summed at a time at each batch size 1 .. SMALL_BATCH.
+    pair_blocks: tuple[int, ...] = ()
 
 
 def _small_call(
@@ -82,9 +89,10 @@ def _small_call(
     weight: tuple[int, ...],  # the weight's arrays (data pointers), in the C function's order
     out_features: int,
     residual: torch.Tensor | None,  # [n, out], rows contiguous
+    *extra: int,  # arguments after K, before the threads
 ) -> torch.Tensor:  # [n, out] in x's dtype
     """Run one of ``small_gemm.c``'s products: (x, x's row stride, *weight, residual and its row
-    stride, out, M, N, K, threads) -> status."""
+    stride, out, M, N, K, *extra, threads) -> status."""
     n, k = x.shape
     out = torch.empty((n, out_features), dtype=x.dtype)
     status = fn(
@@ -97,6 +105,7 @@ def _small_call(
         n,
         out_features,
         k,
+        *extra,
         torch.get_num_threads(),
     )
     if status != 0:
@@ -104,12 +113,13 @@ def _small_call(
     return out
 
 
-def _bind(library: Path, name: str, weight_arrays: int) -> Callable[..., int]:
+def _bind(library: Path, name: str, weight_arrays: int, extra: int = 0) -> Callable[..., int]:
     """``small_gemm.c``'s function ``name``, typed for ``_small_call`` with ``weight_arrays``
-    pointers for the weight."""
+    pointers for the weight and ``extra`` 64-bit integers after K."""
     fn: ctypes._NamedFuncPointer = getattr(ctypes.CDLL(str(library)), name)
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, *[p] * weight_arrays, p, i64, p, i64, i64, i64, ctypes.c_int]
+    fn.argtypes = [p, i64, *[p] * weight_arrays, p, i64, p, i64, i64, i64, *[i64] * extra]
+    fn.argtypes += [ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
 
@@ -118,7 +128,7 @@ class SmallGemm:
     """ctypes binding of ``small_gemm.c``'s bfloat16 pair product."""
 
     def __init__(self, library: Path) -> None:
-        self._fn = _bind(library, "atrium_small_gemm_bf16", 1)
+        self._fn = _bind(library, "atrium_small_gemm_bf16", 1, extra=1)
         self.library = library
 
     def __call__(
@@ -126,8 +136,10 @@ class SmallGemm:
         x: torch.Tensor,  # [n, in] bf16, rows contiguous
         pairs: torch.Tensor,  # from ``pair_layout``
         residual: torch.Tensor | None = None,  # [n, out] bf16, rows contiguous
+        block: int = K_BLOCKS[0],  # inputs summed from zero before they join the total (even)
     ) -> torch.Tensor:  # [n, out]
-        return _small_call(self._fn, x, (pairs.data_ptr(),), pairs.shape[0] * 16, residual)
+        out_features = pairs.shape[0] * 16
+        return _small_call(self._fn, x, (pairs.data_ptr(),), out_features, residual, block)
 
 
 class CodesGemm:
@@ -213,22 +225,28 @@ def pair_layout(weight: torch.Tensor) -> torch.Tensor:
     return blocks.permute(0, 2, 1, 3).contiguous()
 
 
-def _checked_pairs(weight: torch.Tensor, onednn: torch.Tensor) -> torch.Tensor | None:
-    """The pair layout of ``weight`` if the pair product equals oneDNN's on this machine (with
-    and without a residual, at every batch size up to SMALL_BATCH for a shape's first weight,
-    at CHECK_ROWS for the others), else None."""
+def _checked_pairs(
+    weight: torch.Tensor, onednn: torch.Tensor
+) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+    """The pair layout of ``weight`` and the block of inputs to sum at a time at each batch size
+    1 .. SMALL_BATCH, if with those blocks the pair product equals oneDNN's on this machine (with
+    and without a residual, at every batch size for a shape's first weight, at CHECK_ROWS for
+    the others), else None."""
     gemm = load_small_gemm()
     out_features, in_features = weight.shape
     if gemm is None or weight.dtype != torch.bfloat16 or out_features % 16 or in_features % 2:
         return None
     shape = (out_features, in_features)
-    known = _SHAPES_CHECKED.get(shape)
-    if known is False:
+    if shape in _SHAPES_CHECKED and _SHAPES_CHECKED[shape] is None:
         return None
+    known = _SHAPES_CHECKED.get(shape)
     batch_sizes = CHECK_ROWS if known else range(1, SMALL_BATCH + 1)
+    # A block as long as K or longer sums K in one piece.
+    candidates = list(dict.fromkeys(min(b, in_features) for b in (*K_BLOCKS, in_features)))
     pairs = pair_layout(weight)
     gen = torch.Generator().manual_seed(out_features * 7919 + in_features)
     probes = _order_probes(weight)
+    blocks: list[int] = []
     for rows in batch_sizes:
         # Magnitudes spread over many binades, so that any other summation order shows; the
         # first rows probe where the sums' blocks begin and end.
@@ -238,17 +256,27 @@ def _checked_pairs(weight: torch.Tensor, onednn: torch.Tensor) -> torch.Tensor |
         x[:n] = probes[:n]
         residual = torch.randn(rows, out_features, generator=gen).to(torch.bfloat16)
         mkldnn = torch.ops.mkldnn._linear_pointwise
-        if not (
-            torch.equal(gemm(x, pairs), mkldnn(x, onednn, None, "none", [], ""))
-            and torch.equal(
-                gemm(x, pairs, residual), mkldnn.binary(x, residual, onednn, None, "add")
-            )
-        ):
+        plain = mkldnn(x, onednn, None, "none", [], "")
+        added = mkldnn.binary(x, residual, onednn, None, "add")
+        # The shape's known block, else the last batch size's first (oneDNN changes rarely).
+        tries = [known[rows - 1]] if known else list(dict.fromkeys([*blocks[-1:], *candidates]))
+        block = next(
+            (
+                b
+                for b in tries
+                if torch.equal(gemm(x, pairs, None, b), plain)
+                and torch.equal(gemm(x, pairs, residual, b), added)
+            ),
+            None,
+        )
+        if block is None:
             log.debug("small_gemm_differs", shape=shape, rows=rows)
-            _SHAPES_CHECKED[shape] = False
+            _SHAPES_CHECKED[shape] = None
             return None
-    _SHAPES_CHECKED[shape] = True
-    return pairs
+        blocks.append(block)
+    if not known:
+        known = _SHAPES_CHECKED[shape] = tuple(blocks)
+    return pairs, known
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
@@ -299,7 +327,10 @@ def pack(weight: torch.Tensor) -> Packed | None:
         return None
     onednn: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
     codes = block_codes(weight) if load_codes_gemm() is not None else None
-    return Packed(onednn, _checked_pairs(weight, onednn), codes)
+    checked = _checked_pairs(weight, onednn)
+    if checked is None:
+        return Packed(onednn, None, codes)
+    return Packed(onednn, checked[0], codes, checked[1])
 
 
 def _small_product(
@@ -314,7 +345,7 @@ def _small_product(
     if packed.pairs is not None:
         gemm = load_small_gemm()
         assert gemm is not None  # pairs are laid out only where it loaded
-        return gemm(x, packed.pairs, residual)
+        return gemm(x, packed.pairs, residual, packed.pair_blocks[max(x.shape[0], 1) - 1])
     if packed.codes is not None:
         codes_gemm = load_codes_gemm()
         assert codes_gemm is not None  # codes are kept only where it loaded

@@ -8,10 +8,11 @@
  * columns by up to twelve rows stay in registers while K is walked; the threads split the
  * columns, so each weight is read once per call whatever M is.
  *
- * K is summed in blocks of 512 inputs, each block from zero and then added to the total: the
- * order in which oneDNN's bfloat16 kernels sum on these CPUs, so that the results can equal
- * theirs bit for bit. packed_linear.py checks that on the machine, per weight, before it uses
- * this path.
+ * K is summed in blocks of ``k_block`` inputs, each block from zero and then added to the
+ * total: the order in which oneDNN's bfloat16 kernels sum, so that the results can equal theirs
+ * bit for bit. oneDNN picks its block by shape and batch size (on one CPU seen here: 512 inputs
+ * for one row of a 1536-input weight, 1024 for two rows and more); packed_linear.py finds the
+ * block for each batch size on the machine, and checks every weight, before it uses this path.
  *
  * float32 weights that are, block by block, an affine image of small integers (as those of a
  * GGUF file in Q4_1 or Q8_0 are once decoded) are also kept as int8 codes, [N / 16][K][16],
@@ -48,19 +49,18 @@
         case 11: F(11) \
         default: F(12) \
     }
-#define K_BLOCK 512  /* inputs summed from zero before they join the total */
 
 #if ATRIUM_DPBF16
 /* R rows (a compile-time constant below) by 16 * B columns (B 1 or 2) starting at ``col``. */
 static inline __attribute__((always_inline)) void tile(
-    const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t pairs, const uint16_t *res,
-    int64_t res_stride, uint16_t *out, int64_t out_stride, int64_t col, const int R,
-    const int B) {
+    const uint16_t *x, int64_t x_stride, const uint32_t *w, int64_t pairs, int64_t block_pairs,
+    const uint16_t *res, int64_t res_stride, uint16_t *out, int64_t out_stride, int64_t col,
+    const int R, const int B) {
     __m512 total[ROWS][2], acc[ROWS][2];
     for (int r = 0; r < R; r++)
         for (int b = 0; b < B; b++) total[r][b] = _mm512_setzero_ps(); /* set by the first block */
-    for (int64_t j0 = 0; j0 < pairs; j0 += K_BLOCK / 2) {
-        const int64_t j1 = j0 + K_BLOCK / 2 < pairs ? j0 + K_BLOCK / 2 : pairs;
+    for (int64_t j0 = 0; j0 < pairs; j0 += block_pairs) {
+        const int64_t j1 = j0 + block_pairs < pairs ? j0 + block_pairs : pairs;
         for (int r = 0; r < R; r++)
             for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
         for (int64_t j = j0; j < j1; j++) {
@@ -90,14 +90,16 @@ static inline __attribute__((always_inline)) void tile(
 #endif
 
 /* x [M, K] rows ``x_stride`` apart; w as above; residual [M, N] rows ``res_stride`` apart or
- * NULL; out [M, N] contiguous. Returns 0, or -2 where the shape is
- * not supported (N not a multiple of 16, K odd) or the build has no pair dot products. */
+ * NULL; out [M, N] contiguous; K summed in blocks of ``k_block`` inputs (even). Returns 0, or
+ * -2 where the shape is not supported (N not a multiple of 16, K or k_block odd) or the build
+ * has no pair dot products. */
 int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *w,
                            const uint16_t *res, int64_t res_stride, uint16_t *out, int64_t M,
-                           int64_t N, int64_t K, int num_threads) {
+                           int64_t N, int64_t K, int64_t k_block, int num_threads) {
 #if ATRIUM_DPBF16
-    if (N % 16 || K % 2 || M < 0) return -2;
+    if (N % 16 || K % 2 || M < 0 || k_block < 2 || k_block % 2) return -2;
     const int64_t pairs = K / 2, blocks = N / 16, tiles = (blocks + 1) / 2;
+    const int64_t block_pairs = k_block / 2;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t b = 2 * t;
@@ -109,9 +111,9 @@ int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *
             uint16_t *orow = out + r0 * N;
 #define TILE(R)                                                                        \
     if (two)                                                                           \
-        tile(xr, x_stride, wt, pairs, rr, res_stride, orow, N, b * 16, R, 2);       \
+        tile(xr, x_stride, wt, pairs, block_pairs, rr, res_stride, orow, N, b * 16, R, 2); \
     else                                                                               \
-        tile(xr, x_stride, wt, pairs, rr, res_stride, orow, N, b * 16, R, 1);       \
+        tile(xr, x_stride, wt, pairs, block_pairs, rr, res_stride, orow, N, b * 16, R, 1); \
     break;
             BY_ROWS(M - r0 < ROWS ? M - r0 : ROWS, TILE)
 #undef TILE
@@ -120,7 +122,7 @@ int atrium_small_gemm_bf16(const uint16_t *x, int64_t x_stride, const uint32_t *
     return 0;
 #else
     (void)x, (void)x_stride, (void)w, (void)res, (void)res_stride, (void)out;
-    (void)M, (void)N, (void)K, (void)num_threads;
+    (void)M, (void)N, (void)K, (void)k_block, (void)num_threads;
     return -2;
 #endif
 }

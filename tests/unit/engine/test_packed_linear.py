@@ -150,19 +150,22 @@ def test_the_pair_product_is_the_projection_within_bfloat16_rounding(
 
 
 @needs_pairs
-@pytest.mark.parametrize("num_tokens", [1, 3, 8, 17, 64, 65, 300])
+@pytest.mark.parametrize("in_features", [576, 1536])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 8, 13, 17, 64, 65, 300])
 def test_projections_with_pairs_equal_linear_and_addmm_at_every_batch_size(
-    num_tokens: int,
+    num_tokens: int, in_features: int
 ) -> None:
     """A weight keeps its pairs only after they matched oneDNN; then small batches take them
-    and large ones oneDNN, and both give linear's and addmm's bits."""
+    (summing in the blocks found for their size) and large ones oneDNN, and both give linear's
+    and addmm's bits."""
     torch.manual_seed(num_tokens)
-    weight = (torch.randn(192, 576) / 8).bfloat16()
+    weight = (torch.randn(192, in_features) / 8).bfloat16()
     packed = pack(weight)
     assert packed is not None
     if packed.pairs is None:
         pytest.skip("this machine's oneDNN sums in another order: the pairs are not used")
-    x = torch.randn(num_tokens, 600).bfloat16()[:, :576]
+    assert len(packed.pair_blocks) == packed_linear.SMALL_BATCH
+    x = torch.randn(num_tokens, in_features + 24).bfloat16()[:, :in_features]
     residual = torch.randn(num_tokens, 192).bfloat16()
     assert torch.equal(project(x, weight, packed), linear(x, weight))
     assert torch.equal(
@@ -180,10 +183,14 @@ def test_pairs_are_dropped_where_they_differ_from_onednn(monkeypatch: pytest.Mon
 
     class OffByOne:
         def __call__(
-            self, x: torch.Tensor, pairs: torch.Tensor, residual: torch.Tensor | None = None
+            self,
+            x: torch.Tensor,
+            pairs: torch.Tensor,
+            residual: torch.Tensor | None = None,
+            block: int = 512,
         ) -> torch.Tensor:
             assert SMALL_GEMM is not None
-            out = SMALL_GEMM(x, pairs, residual)
+            out = SMALL_GEMM(x, pairs, residual, block)
             out.view(torch.int16)[-1, -1] += 1
             return out
 
@@ -191,12 +198,35 @@ def test_pairs_are_dropped_where_they_differ_from_onednn(monkeypatch: pytest.Mon
     monkeypatch.setattr(packed_linear, "load_small_gemm", OffByOne)
     packed = pack(weight)
     assert packed is not None and packed.pairs is None
-    assert packed_linear._SHAPES_CHECKED == {(64, 128): False}
+    assert packed_linear._SHAPES_CHECKED == {(64, 128): None}
     packed = pack(weight)  # a shape that failed is not tried again
     assert packed is not None and packed.pairs is None
     monkeypatch.undo()
     packed = pack(weight)
     assert packed is not None and packed.pairs is not None
+
+
+@needs_pairs
+def test_the_pair_product_sums_in_the_blocks_it_is_given() -> None:
+    """On the check's probe rows (two huge products that cancel, small ones between them) the
+    result depends on where the partial sums restart: 512-input blocks, 1024, or the whole
+    1536 each give other bits, every one of them the product within bfloat16 rounding."""
+    assert SMALL_GEMM is not None
+    gen = torch.Generator().manual_seed(3)
+    weight = (torch.randn(32, 1536, generator=gen) / 8).bfloat16()
+    x = packed_linear._order_probes(weight)
+    pairs = pair_layout(weight)
+    by_block = {b: SMALL_GEMM(x, pairs, None, b) for b in (512, 1024, 1536)}
+    assert not torch.equal(by_block[512], by_block[1024])
+    assert not torch.equal(by_block[1024], by_block[1536])
+    assert torch.equal(by_block[1536], SMALL_GEMM(x, pairs, None, 4096))  # longer than K: whole
+    small = x.clone()
+    small[small.abs() > 2**20] = 0  # without the cancelling pair, a plain product
+    exact = small.double() @ weight.double().t()
+    for block in (512, 1024, 1536):
+        torch.testing.assert_close(
+            SMALL_GEMM(small, pairs, None, block).double(), exact, rtol=1e-2, atol=1e-2
+        )
 
 
 def test_weights_the_pair_product_cannot_take_keep_onednn_only() -> None:
