@@ -237,9 +237,9 @@ def _checked_pairs(
     if gemm is None or weight.dtype != torch.bfloat16 or out_features % 16 or in_features % 2:
         return None
     shape = (out_features, in_features)
-    if shape in _SHAPES_CHECKED and _SHAPES_CHECKED[shape] is None:
+    known = _SHAPES_CHECKED.get(shape, ())
+    if known is None:  # a shape that failed once is not tried again
         return None
-    known = _SHAPES_CHECKED.get(shape)
     batch_sizes = CHECK_ROWS if known else range(1, SMALL_BATCH + 1)
     # A block as long as K or longer sums K in one piece.
     candidates = list(dict.fromkeys(min(b, in_features) for b in (*K_BLOCKS, in_features)))
@@ -327,10 +327,8 @@ def pack(weight: torch.Tensor) -> Packed | None:
         return None
     onednn: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
     codes = block_codes(weight) if load_codes_gemm() is not None else None
-    checked = _checked_pairs(weight, onednn)
-    if checked is None:
-        return Packed(onednn, None, codes)
-    return Packed(onednn, checked[0], codes, checked[1])
+    pairs, blocks = _checked_pairs(weight, onednn) or (None, ())
+    return Packed(onednn, pairs, codes, blocks)
 
 
 def _small_product(
