@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 
 import torch
@@ -101,3 +102,25 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return int(libc.madvise(lo, hi - lo, _MADV_HUGEPAGE)) == 0
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor of ``shape`` in memory of its own, advised onto huge pages before
+    anything touches it (``advise_huge_pages``). Memory from torch's allocator may be memory
+    malloc has handed out before, already on 4 KiB pages, and the advice then changes nothing;
+    a fresh anonymous mapping (zero by construction, aligned to a huge page) always takes it.
+    Elsewhere (not Linux, under two huge pages) a plain ``torch.zeros``."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    size = numel * torch.empty((), dtype=dtype).element_size()
+    if not sys.platform.startswith("linux") or size < 2 * HUGE_PAGE_BYTES:
+        return torch.zeros(shape, dtype=dtype)
+    # Private: a shared anonymous mapping is shared memory, which THP's setting does not cover.
+    buffer = mmap.mmap(-1, size + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    offset = -start % HUGE_PAGE_BYTES
+    # The tensor keeps ``buffer`` (and so the mapping) alive for as long as it lives.
+    t = torch.frombuffer(buffer, dtype=torch.uint8, count=size, offset=offset)
+    advise_huge_pages(t)
+    return t.view(dtype).view(shape)

@@ -20,7 +20,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.native_ops import DTYPES as NATIVE_DTYPES
 from engine.model.native_ops import NativeOps, load_native_ops
-from engine.model.packed_linear import Packed, pack, project, project_add
+from engine.model.packed_linear import Packed, gather_pairs, pack, project, project_add
 from engine.model.rope import RopeTables, rope_cos_sin, rope_inplace, signed_sin
 
 
@@ -170,14 +170,22 @@ class LlamaForCausalLM(nn.Module):
         the parameters stay as they are (state dict, export). Returns whether it applied."""
         if pack(self.output_weight) is None:
             return False
+        packs = []
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_packed = pack(attn.qkv_proj.weight)
-            attn.o_packed = pack(attn.o_proj.weight)
-            mlp.gate_up_packed = pack(mlp.gate_up_proj.weight)
-            mlp.down_packed = pack(mlp.down_proj.weight)
-        self.output_packed = pack(self.output_weight)
+            for weight in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                packs.append(pack(weight.weight))
+        packs.append(pack(self.output_weight))
+        # The pair layouts in one buffer on huge pages (they are streamed every decode step).
+        packs = gather_pairs(packs)
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed = packs[
+                4 * i : 4 * i + 4
+            ]
+        self.output_packed = packs[-1]
         return True
 
     @property

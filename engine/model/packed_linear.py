@@ -331,6 +331,32 @@ def pack(weight: torch.Tensor) -> Packed | None:
     return Packed(onednn, pairs, codes, blocks)
 
 
+def gather_pairs(packs: list[Packed | None]) -> list[Packed | None]:
+    """``packs`` with every pair-layout weight moved into one buffer on huge pages
+    (``engine.device.zeros_on_huge_pages``), the rest as they are. A decode step streams every
+    weight once, each fetched a tile ahead of use: on 4 KiB pages those fetches miss the TLB
+    every 4 KiB, and one weight alone is too small to be given 2 MiB pages (measured here,
+    30 layers' projections and the LM head: 7-10% faster at batch 1 to 32)."""
+    from engine.device import zeros_on_huge_pages
+
+    sizes = [p.pairs.numel() if p is not None and p.pairs is not None else 0 for p in packs]
+    if not any(sizes):
+        return packs
+    dtype = next(p.pairs.dtype for p in packs if p is not None and p.pairs is not None)
+    arena = zeros_on_huge_pages((sum(sizes),), dtype)
+    out: list[Packed | None] = []
+    offset = 0
+    for packed, size in zip(packs, sizes, strict=True):
+        if packed is None or packed.pairs is None:
+            out.append(packed)
+            continue
+        view = arena[offset : offset + size].view(packed.pairs.shape)
+        view.copy_(packed.pairs)
+        out.append(packed._replace(pairs=view))
+        offset += size
+    return out
+
+
 def _small_product(
     x: torch.Tensor, packed: Packed, residual: torch.Tensor | None = None
 ) -> torch.Tensor | None:

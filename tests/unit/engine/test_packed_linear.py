@@ -21,6 +21,7 @@ from engine.model.packed_linear import (
     Codes,
     CodesGemm,
     block_codes,
+    gather_pairs,
     load_codes_gemm,
     load_small_gemm,
     pack,
@@ -171,6 +172,37 @@ def test_projections_with_pairs_equal_linear_and_addmm_at_every_batch_size(
     assert torch.equal(
         project_add(x, weight, packed, residual), torch.addmm(residual, x, weight.t())
     )
+
+
+@needs_pairs
+def test_gathered_pairs_share_one_buffer_and_give_the_same_products() -> None:
+    """Every pair layout moves into one buffer (on huge pages where Linux gives them), weights
+    without pairs are left as they are, and each product is unchanged bit for bit."""
+    torch.manual_seed(3)
+    weights = [(torch.randn(n, 576) / 8).bfloat16() for n in (192, 64, 96)]
+    packs = [pack(w) for w in weights] + [None]
+    if any(p is None or p.pairs is None for p in packs[:3]):
+        pytest.skip("this machine's oneDNN sums in another order: the pairs are not used")
+    plain = packs[1]
+    assert plain is not None
+    packs[1] = plain._replace(pairs=None)  # a weight that keeps oneDNN only
+    gathered = gather_pairs(packs)
+    assert gathered[1] is packs[1] and gathered[3] is None
+    arena = [p.pairs for p in (gathered[0], gathered[2]) if p is not None and p.pairs is not None]
+    assert len(arena) == 2
+    assert arena[0].untyped_storage().data_ptr() == arena[1].untyped_storage().data_ptr()
+    x = torch.randn(8, 576).bfloat16()
+    for i in (0, 2):
+        before, after = packs[i], gathered[i]
+        assert before is not None and after is not None and before.pairs is not None
+        assert after.pairs is not None and torch.equal(after.pairs, before.pairs)
+        assert after.onednn is before.onednn and after.pair_blocks == before.pair_blocks
+        assert torch.equal(project(x, weights[i], after), project(x, weights[i], before))
+
+
+def test_nothing_to_gather_leaves_the_packs_as_they_are() -> None:
+    packs = [None, None]
+    assert gather_pairs(packs) is packs
 
 
 def test_pairs_are_dropped_where_they_differ_from_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
