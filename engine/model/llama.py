@@ -20,7 +20,15 @@ from engine.attention.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.native_ops import DTYPES as NATIVE_DTYPES
 from engine.model.native_ops import NativeOps, load_native_ops
-from engine.model.packed_linear import Packed, gather_pairs, pack, project, project_add
+from engine.model.packed_linear import (
+    SMALL_BATCH,
+    Packed,
+    gather_pairs,
+    pack,
+    packing_supported,
+    project,
+    project_add,
+)
 from engine.model.rope import RopeTables, rope_cos_sin, rope_inplace, signed_sin
 
 
@@ -168,7 +176,7 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self) -> bool:
         """Keep a oneDNN-packed copy of every projection where that applies (CPU, bf16 or float32);
         the parameters stay as they are (state dict, export). Returns whether it applied."""
-        if pack(self.output_weight) is None:
+        if not packing_supported(self.output_weight):
             return False
         packs = []
         for layer in self.layers:
@@ -176,7 +184,8 @@ class LlamaForCausalLM(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             for weight in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
                 packs.append(pack(weight.weight))
-        packs.append(pack(self.output_weight))
+        # The LM head takes one row per sampled sequence: checked up to decode batch sizes.
+        packs.append(pack(self.output_weight, max_rows=SMALL_BATCH))
         # The pair layouts in one buffer on huge pages (they are streamed every decode step).
         packs = gather_pairs(packs)
         for i, layer in enumerate(self.layers):

@@ -15,7 +15,7 @@ available; everything else keeps the plain path (``pack`` returns None).
 
 On CPUs with AVX512-BF16 but no AMX, oneDNN's bf16 kernels reach about half the machine's
 pair-dot-product rate at decode batch sizes. There a bf16 weight also gets a copy laid out as
-pairs for ``engine/native/small_gemm.c``, which runs steps of up to ``SMALL_BATCH`` rows --
+pairs for ``engine/native/small_gemm.c``, which runs steps of up to ``PAIR_BATCH`` rows --
 but only where, checked on this machine at load time, it gives oneDNN's results bit for bit
 (it sums in oneDNN's order -- in blocks of K whose size oneDNN picks by shape and batch size,
 found per batch size at load time; a weight whose results differ keeps oneDNN for every batch).
@@ -47,18 +47,23 @@ log = structlog.get_logger(__name__)
 # The batch size oneDNN chooses its blocking for; any step size runs on the result (measured
 # here: a hint of 16 is within a few percent of the best hint from batch 1 to 512).
 BATCH_HINT = 16
-SMALL_BATCH = 64  # rows up to which the pair product runs, where it applies
+SMALL_BATCH = 64  # rows up to which the codes product runs, where it applies
+# Rows up to which a projection's pair product runs, where it applies: past decode batches to
+# the steps where a few prompts join them (measured here, 30 layers' projections at 85 rows:
+# 22.8 ms against oneDNN's 27.2; at 128, 31.8 against 37.0). The LM head, which takes one row
+# per sampled sequence, is checked up to SMALL_BATCH only (its check is the slow one).
+PAIR_BATCH = 128
 SMALL_GEMM_SOURCE = FOLDER / "small_gemm.c"
 # Batch sizes at which the pair product must equal oneDNN before a weight may use it. oneDNN
 # picks its kernel (and so its order of sums) by shape and batch size, not by values: the first
-# weight of each shape is checked at every batch size up to SMALL_BATCH, the others of that
+# weight of each shape is checked at every batch size it may take, the others of that
 # shape at these few, and a shape that failed once is not tried again.
-CHECK_ROWS = (1, 5, 13, 64)
+CHECK_ROWS = (1, 5, 13, 64, 100)
 # Blocks of inputs oneDNN has been seen to sum from zero before adding them to the total; the
 # whole of K is tried too. A shape's block at each batch size is found on its first weight.
 K_BLOCKS = (512, 1024)
-# Per shape: the block for each batch size 1 .. SMALL_BATCH, or None where no block matched.
-_SHAPES_CHECKED: dict[tuple[int, int], tuple[int, ...] | None] = {}
+# Per shape and largest batch: the block for each batch size from 1, or None where none matched.
+_SHAPES_CHECKED: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
 
 
 CODE_BLOCK = 32  # inputs that share a scale and an offset in ``block_codes``
@@ -79,7 +84,8 @@ class Packed(NamedTuple):
     onednn: torch.Tensor  # oneDNN's blocked layout
     pairs: torch.Tensor | None = None  # [out / 16, in / 2, 16, 2] for the pair product, or None
     codes: Codes | None = None  # float32 weights that are block codes exactly, or None
-    # With pairs: the block of inputs summed at a time at each batch size 1 .. SMALL_BATCH.
+    # With pairs: the block of inputs summed at a time at each batch size from 1 (and so the
+    # largest batch the pair product takes).
     pair_blocks: tuple[int, ...] = ()
 
 
@@ -226,21 +232,21 @@ def pair_layout(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _checked_pairs(
-    weight: torch.Tensor, onednn: torch.Tensor
+    weight: torch.Tensor, onednn: torch.Tensor, max_rows: int
 ) -> tuple[torch.Tensor, tuple[int, ...]] | None:
     """The pair layout of ``weight`` and the block of inputs to sum at a time at each batch size
-    1 .. SMALL_BATCH, if with those blocks the pair product equals oneDNN's on this machine (with
+    1 .. max_rows, if with those blocks the pair product equals oneDNN's on this machine (with
     and without a residual, at every batch size for a shape's first weight, at CHECK_ROWS for
     the others), else None."""
     gemm = load_small_gemm()
     out_features, in_features = weight.shape
     if gemm is None or weight.dtype != torch.bfloat16 or out_features % 16 or in_features % 2:
         return None
-    shape = (out_features, in_features)
+    shape = (out_features, in_features, max_rows)
     known = _SHAPES_CHECKED.get(shape, ())
     if known is None:  # a shape that failed once is not tried again
         return None
-    batch_sizes = CHECK_ROWS if known else range(1, SMALL_BATCH + 1)
+    batch_sizes = [r for r in CHECK_ROWS if r <= max_rows] if known else range(1, max_rows + 1)
     # A block as long as K or longer sums K in one piece.
     candidates = list(dict.fromkeys(min(b, in_features) for b in (*K_BLOCKS, in_features)))
     pairs = pair_layout(weight)
@@ -320,14 +326,14 @@ def _order_probes(weight: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows).to(torch.bfloat16)
 
 
-def pack(weight: torch.Tensor) -> Packed | None:
-    """``weight`` [out, in] laid out for oneDNN (and the pair product where it applies), or None
-    where packing does not apply."""
+def pack(weight: torch.Tensor, max_rows: int = PAIR_BATCH) -> Packed | None:
+    """``weight`` [out, in] laid out for oneDNN (and the pair product, for steps of up to
+    ``max_rows`` rows, where it applies), or None where packing does not apply."""
     if not packing_supported(weight):
         return None
     onednn: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
     codes = block_codes(weight) if load_codes_gemm() is not None else None
-    pairs, blocks = _checked_pairs(weight, onednn) or (None, ())
+    pairs, blocks = _checked_pairs(weight, onednn, max_rows) or (None, ())
     return Packed(onednn, pairs, codes, blocks)
 
 
@@ -362,15 +368,13 @@ def _small_product(
 ) -> torch.Tensor | None:
     """The small-batch product (pairs or codes) where the weight has one and the step is small
     enough; None where oneDNN should run."""
-    if x.shape[0] > SMALL_BATCH or x.stride(1) != 1:
+    if x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
         return None
-    if residual is not None and residual.stride(1) != 1:
-        return None
-    if packed.pairs is not None:
+    if packed.pairs is not None and x.shape[0] <= len(packed.pair_blocks):
         gemm = load_small_gemm()
         assert gemm is not None  # pairs are laid out only where it loaded
         return gemm(x, packed.pairs, residual, packed.pair_blocks[max(x.shape[0], 1) - 1])
-    if packed.codes is not None:
+    if packed.codes is not None and x.shape[0] <= SMALL_BATCH:
         codes_gemm = load_codes_gemm()
         assert codes_gemm is not None  # codes are kept only where it loaded
         return codes_gemm(x, packed.codes, residual)

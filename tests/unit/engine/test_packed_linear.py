@@ -12,6 +12,7 @@ import torch
 from torch.nn.functional import linear
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.model import llama as llama_module
 from engine.model import packed_linear
 from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
 from engine.model.loader import load_model
@@ -152,7 +153,7 @@ def test_the_pair_product_is_the_projection_within_bfloat16_rounding(
 
 @needs_pairs
 @pytest.mark.parametrize("in_features", [576, 1536])
-@pytest.mark.parametrize("num_tokens", [1, 2, 3, 8, 13, 17, 64, 65, 300])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 8, 13, 17, 64, 65, 100, 128, 129, 300])
 def test_projections_with_pairs_equal_linear_and_addmm_at_every_batch_size(
     num_tokens: int, in_features: int
 ) -> None:
@@ -165,13 +166,59 @@ def test_projections_with_pairs_equal_linear_and_addmm_at_every_batch_size(
     assert packed is not None
     if packed.pairs is None:
         pytest.skip("this machine's oneDNN sums in another order: the pairs are not used")
-    assert len(packed.pair_blocks) == packed_linear.SMALL_BATCH
+    assert len(packed.pair_blocks) == packed_linear.PAIR_BATCH
     x = torch.randn(num_tokens, in_features + 24).bfloat16()[:, :in_features]
     residual = torch.randn(num_tokens, 192).bfloat16()
     assert torch.equal(project(x, weight, packed), linear(x, weight))
     assert torch.equal(
         project_add(x, weight, packed, residual), torch.addmm(residual, x, weight.t())
     )
+
+
+@needs_pairs
+def test_a_weight_takes_pairs_up_to_the_rows_it_was_checked_for() -> None:
+    """Projections are checked (and then run) on pairs up to PAIR_BATCH rows, where prompts join
+    decodes; a weight packed for fewer rows leaves larger steps to oneDNN."""
+    torch.manual_seed(5)
+    weight = (torch.randn(192, 576) / 8).bfloat16()
+    full, short = pack(weight), pack(weight, max_rows=packed_linear.SMALL_BATCH)
+    assert full is not None and short is not None
+    if full.pairs is None or short.pairs is None:
+        pytest.skip("this machine's oneDNN sums in another order: the pairs are not used")
+    assert len(full.pair_blocks) == packed_linear.PAIR_BATCH
+    assert len(short.pair_blocks) == packed_linear.SMALL_BATCH
+    x = torch.randn(100, 576).bfloat16()
+    mkldnn = torch.ops.mkldnn._linear_pointwise
+    assert SMALL_GEMM is not None
+    assert torch.equal(project(x, weight, short), mkldnn(x, short.onednn, None, "none", [], ""))
+    assert torch.equal(
+        project(x, weight, full), SMALL_GEMM(x, full.pairs, None, full.pair_blocks[99])
+    )
+
+
+def test_the_lm_head_is_packed_for_decode_batches_and_projections_for_more(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LM head takes one row per sampled sequence: its pairs are checked up to SMALL_BATCH
+    rows (its check is the slow one); every other projection up to PAIR_BATCH."""
+    seen: list[tuple[tuple[int, ...], int]] = []
+    real_pack = llama_module.pack
+
+    def recording_pack(
+        weight: torch.Tensor, max_rows: int = packed_linear.PAIR_BATCH
+    ) -> packed_linear.Packed | None:
+        seen.append((tuple(weight.shape), max_rows))
+        return real_pack(weight, max_rows)
+
+    monkeypatch.setattr(llama_module, "pack", recording_pack)
+    model = load_model(str(tiny_llama_dir), dtype=torch.bfloat16).model
+    if not BF16_PACKING:
+        assert not seen
+        return
+    vocab_shape = tuple(model.output_weight.shape)
+    assert seen[-1] == (vocab_shape, packed_linear.SMALL_BATCH)
+    assert len(seen) == 4 * len(model.layers) + 1
+    assert all(rows == packed_linear.PAIR_BATCH for _, rows in seen[:-1])
 
 
 @needs_pairs
@@ -230,7 +277,7 @@ def test_pairs_are_dropped_where_they_differ_from_onednn(monkeypatch: pytest.Mon
     monkeypatch.setattr(packed_linear, "load_small_gemm", OffByOne)
     packed = pack(weight)
     assert packed is not None and packed.pairs is None
-    assert packed_linear._SHAPES_CHECKED == {(64, 128): None}
+    assert packed_linear._SHAPES_CHECKED == {(64, 128, packed_linear.PAIR_BATCH): None}
     packed = pack(weight)  # a shape that failed is not tried again
     assert packed is not None and packed.pairs is None
     monkeypatch.undo()
