@@ -107,8 +107,10 @@ class MLP(nn.Module):
         residual: torch.Tensor,  # [num_tokens, hidden]
     ) -> torch.Tensor:  # [num_tokens, hidden]: residual + MLP output
         gate_up = project(x, self.gate_up_proj.weight, self.gate_up_packed)  # [n, 2 * inter]
-        hidden = silu(gate_up[:, : self.intermediate_size])  # contiguous [num_tokens, inter]
-        hidden.mul_(gate_up[:, self.intermediate_size :])  # SwiGLU
+        # SwiGLU in place over the gate half (rows strided; the down projection reads them so):
+        # the same element-wise bits as a new tensor, without allocating and faulting one in.
+        hidden = silu(gate_up[:, : self.intermediate_size], inplace=True)
+        hidden.mul_(gate_up[:, self.intermediate_size :])
         return project_add(hidden, self.down_proj.weight, self.down_packed, residual)
 
 
