@@ -1,16 +1,22 @@
 """Atrium against vLLM's CPU build over HTTP, the same workloads on each server in turn.
 
     python -m bench.serve_compare [--servers atrium vllm] [--tenants 2 --groups 2 --prompts 8]
+                                  [--rounds 3]
 
 Starts each server on 127.0.0.1 (never both at once), runs the suite
 (shared prefix at each concurrency, optional Poisson arrivals, multi-turn chat, one tenant
-flooding), stops it, then prints JSON with Atrium/vLLM ratios and writes PNG plots.
+flooding), stops it, then prints JSON with Atrium/vLLM ratios and writes PNG plots. With
+``--rounds N`` the servers take turns N times (the order reversed every other round, so that a
+machine slowing down or speeding up over the run favours neither), each round's ratios are kept,
+and the headline ratios are their medians: on a shared machine one round's ratio can move by
+tens of percent with the minute it ran in.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--flood-factor", type=int, default=10)
     add("--flood-concurrency", type=int, default=4, help="each normal tenant's; t0 has ×factor")
     add("--deadline", type=float, default=300.0, help="seconds per run at most")
+    add("--rounds", type=int, default=1, help="times the servers take turns (ratios: medians)")
     add(
         "--dtype",
         default="auto",
@@ -134,6 +141,23 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def median_ratios(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over rounds of each run's ratios (``compare`` of one round each: every ratio
+    is of two servers measured in the same round), with each round's values under ``rounds``;
+    the flood's per-server figures stay per round (``flood_rounds``)."""
+    if not rounds or not rounds[0]:  # one server only: nothing to compare
+        return {}
+    out: dict[str, Any] = {}
+    for run, first in rounds[0].items():
+        if run.startswith("flood_"):
+            continue
+        present = [r[run] for r in rounds if run in r]
+        out[run] = {metric: statistics.median(p[metric] for p in present) for metric in first}
+        out[run]["rounds"] = {metric: [p[metric] for p in present] for metric in first}
+    out["flood_rounds"] = [{k: v for k, v in r.items() if k.startswith("flood_")} for r in rounds]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dtype == "auto":
@@ -158,13 +182,22 @@ def main(argv: list[str] | None = None) -> int:
         flood_concurrency=args.flood_concurrency,
         deadline_s=args.deadline,
     )
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     started = time.perf_counter()
-    results = {name: run_server(name, args, config) for name in args.servers}
+    rounds = []
+    for i in range(args.rounds):
+        order = args.servers if i % 2 == 0 else args.servers[::-1]
+        rounds.append({name: run_server(name, args, config) for name in order})
+    results = rounds[0]  # every number of the first round, for the plots
     report: dict[str, Any] = {
         "shape": repr(shape),
         "dtype": args.dtype,
         "servers": results,
-        "atrium_over_vllm": compare(results),
+        "atrium_over_vllm": (
+            compare(results) if len(rounds) == 1 else median_ratios([compare(r) for r in rounds])
+        ),
+        "rounds": len(rounds),
         "seconds": time.perf_counter() - started,
     }
     report["plots"] = [str(p) for p in draw_plots(results, args.out_dir)]
