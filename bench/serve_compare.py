@@ -160,6 +160,8 @@ def median_ratios(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     if args.dtype == "auto":
         args.dtype = dtype_name(resolve_dtype("auto", torch.device("cpu")))
     quiet_logging()
@@ -182,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         flood_concurrency=args.flood_concurrency,
         deadline_s=args.deadline,
     )
-    if args.rounds < 1:
-        raise SystemExit("--rounds must be at least 1")
     started = time.perf_counter()
     rounds = []
     for i in range(args.rounds):

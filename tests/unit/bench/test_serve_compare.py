@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.serve_compare import compare, median_ratios, parse_args
+from bench.serve_compare import compare, main, median_ratios, parse_args
 
 
 def server(tok_s: float, ttft: float, tpot: float, jain: float) -> dict[str, Any]:
@@ -52,3 +52,8 @@ def test_rounds_give_the_median_of_each_rounds_ratio() -> None:
 def test_one_round_unless_asked() -> None:
     assert parse_args([]).rounds == 1
     assert parse_args(["--rounds", "3"]).rounds == 3
+
+
+def test_no_rounds_is_refused_before_anything_starts() -> None:
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        main(["--rounds", "0"])
