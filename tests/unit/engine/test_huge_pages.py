@@ -54,10 +54,10 @@ def test_kv_caches_are_backed_by_huge_pages() -> None:
     reason="needs Linux with transparent huge pages not set to never",
 )
 def test_huge_pages_are_had_after_malloc_has_handed_memory_back() -> None:
-    """Memory malloc has handed out and taken back (here: many 1 MiB tensors freed together,
-    which coalesce into one free run of the heap) is reused on its 4 KiB pages by the next
-    large ``torch.empty``; the fresh mapping gets huge pages all the same, comes zeroed, and
-    lives as long as any tensor over it."""
+    """After malloc has handed memory out and taken it back (many 1 MiB tensors freed together,
+    which coalesce into one free run of the heap that torch's allocator may hand out again on
+    its 4 KiB pages), the fresh mapping still gets huge pages, comes zeroed, and lives as long
+    as any tensor over it."""
     junk = [torch.ones(2**20, dtype=torch.uint8) for _ in range(96)]
     del junk
     t = zeros_on_huge_pages((48, HUGE_PAGE_BYTES // 4), torch.float32)
