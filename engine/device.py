@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import sys
 
@@ -110,10 +111,7 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     malloc has handed out before, already on 4 KiB pages, and the advice then changes nothing;
     a fresh anonymous mapping (zero by construction, aligned to a huge page) always takes it.
     Elsewhere (not Linux, under two huge pages) a plain ``torch.zeros``."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    size = numel * torch.empty((), dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     if not sys.platform.startswith("linux") or size < 2 * HUGE_PAGE_BYTES:
         return torch.zeros(shape, dtype=dtype)
     # Private: a shared anonymous mapping is shared memory, which THP's setting does not cover.

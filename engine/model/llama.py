@@ -21,6 +21,7 @@ from engine.model.config import ModelConfig
 from engine.model.native_ops import DTYPES as NATIVE_DTYPES
 from engine.model.native_ops import NativeOps, load_native_ops
 from engine.model.packed_linear import (
+    PAIR_BATCH,
     SMALL_BATCH,
     Packed,
     gather_pairs,
@@ -180,23 +181,23 @@ class LlamaForCausalLM(nn.Module):
         the parameters stay as they are (state dict, export). Returns whether it applied."""
         if not packing_supported(self.output_weight):
             return False
-        packs = []
+        # (module, attribute for its packed copy, weight, largest step the pair product takes)
+        slots: list[tuple[nn.Module, str, torch.Tensor, int]] = []
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             attn, mlp = layer.self_attn, layer.mlp
-            for weight in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-                packs.append(pack(weight.weight))
-        # The LM head takes one row per sampled sequence: checked up to decode batch sizes.
-        packs.append(pack(self.output_weight, max_rows=SMALL_BATCH))
-        # The pair layouts in one buffer on huge pages (they are streamed every decode step).
-        packs = gather_pairs(packs)
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, DecoderLayer)
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed = packs[
-                4 * i : 4 * i + 4
+            slots += [
+                (attn, "qkv_packed", attn.qkv_proj.weight, PAIR_BATCH),
+                (attn, "o_packed", attn.o_proj.weight, PAIR_BATCH),
+                (mlp, "gate_up_packed", mlp.gate_up_proj.weight, PAIR_BATCH),
+                (mlp, "down_packed", mlp.down_proj.weight, PAIR_BATCH),
             ]
-        self.output_packed = packs[-1]
+        # The LM head takes one row per sampled sequence: checked up to decode batch sizes.
+        slots.append((self, "output_packed", self.output_weight, SMALL_BATCH))
+        # The pair layouts in one buffer on huge pages (they are streamed every decode step).
+        packs = gather_pairs([pack(weight, rows) for _, _, weight, rows in slots])
+        for (module, name, _, _), packed in zip(slots, packs, strict=True):
+            setattr(module, name, packed)
         return True
 
     @property
