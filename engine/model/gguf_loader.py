@@ -1,6 +1,7 @@
 """Load a llama.cpp GGUF file: metadata, dequantized weights in HF layout, and the tokenizer.
 
-Dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1, …) is done by ``gguf.quants`` in numpy. For the
+The file is read by ``engine.model.gguf_file``; dequantization (F32, F16, BF16, Q8_0, Q4_0,
+Q4_1, …) is done by ``gguf.quants`` in numpy. For the
 ``llama`` architecture llama.cpp's converter permutes the rows of Q and K (interleaved RoPE); we
 undo it so the weights fit the rotate-half RoPE of our model and of transformers.
 """
@@ -14,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from engine.model.config import ModelConfig
+from engine.model.gguf_file import GGUFFile
 from engine.model.weights import hf_to_fused
 
 _GLOBAL_NAMES = {
@@ -41,7 +42,7 @@ _BLOCK_NAMES = {
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 # Arrays read in full for the tokenizer; other array fields (often huge) are skipped.
-_TOKENIZER_ARRAYS = ("tokens", "token_type", "merges")
+_TOKENIZER_ARRAYS = tuple(f"tokenizer.ggml.{name}" for name in ("tokens", "token_type", "merges"))
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -68,27 +69,15 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return shaped.swapaxes(1, 2).reshape(weight.shape)
 
 
-def read_metadata(reader: GGUFReader) -> dict[str, Any]:
-    """Scalar and string metadata, plus the tokenizer arrays (tokens, types, merges)."""
-    meta: dict[str, Any] = {}
-    for name, field in reader.fields.items():
-        is_array = len(field.types) > 1
-        if is_array and name.removeprefix("tokenizer.ggml.") not in _TOKENIZER_ARRAYS:
-            continue
-        meta[name] = field.contents()
-    return meta
-
-
-def dequantized_tensors(reader: GGUFReader) -> Iterator[tuple[str, np.ndarray]]:
+def dequantized_tensors(reader: GGUFFile) -> Iterator[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array in [rows, cols] order) for every tensor in the file."""
     for tensor in reader.tensors:
-        # One copy out of the memory map first: numpy's memmap slicing is slow per block row.
+        # One copy out of the memory map first, then decoded in memory.
         array = dequantize(np.array(tensor.data), tensor.tensor_type)
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        yield tensor.name, np.asarray(array, dtype=np.float32).reshape(shape)
+        yield tensor.name, np.asarray(array, dtype=np.float32).reshape(tensor.shape)
 
 
-def read_gguf_config(reader: GGUFReader, meta: dict[str, Any]) -> ModelConfig:
+def read_gguf_config(reader: GGUFFile, meta: dict[str, Any]) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise NotImplementedError("GGUF files with rope_freqs (Llama 3.1 RoPE) are not supported")
@@ -96,7 +85,7 @@ def read_gguf_config(reader: GGUFReader, meta: dict[str, Any]) -> ModelConfig:
 
 
 def load_gguf_state(
-    reader: GGUFReader, config: ModelConfig, dtype: torch.dtype, device: str
+    reader: GGUFFile, config: ModelConfig, dtype: torch.dtype, device: str
 ) -> dict[str, torch.Tensor]:
     """Dequantize every weight, undo the Q/K permutation for llama, and fuse into our layout."""
     hf: dict[str, torch.Tensor] = {}
@@ -123,6 +112,8 @@ def load_gguf_state(
     return hf_to_fused(config, get, dtype, device)
 
 
-def open_gguf(path: Path) -> tuple[GGUFReader, dict[str, Any]]:
-    reader = GGUFReader(str(path))
-    return reader, read_metadata(reader)
+def open_gguf(path: Path) -> tuple[GGUFFile, dict[str, Any]]:
+    """The file and its metadata: scalars, strings and the tokenizer's arrays (tokens, types,
+    merges); other arrays (often huge) are skipped."""
+    reader = GGUFFile(path, arrays=_TOKENIZER_ARRAYS)
+    return reader, reader.fields

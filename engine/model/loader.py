@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.model.config import ModelConfig
+from engine.model.gguf_file import GGUFFile
 from engine.model.gguf_loader import load_gguf_state, open_gguf, read_gguf_config
 from engine.model.gguf_tokenizer import build_gguf_tokenizer
 from engine.model.hf_loader import is_hf_dir, load_hf_state, read_hf_config
@@ -60,7 +61,11 @@ def resolve_model(model: str = "default") -> tuple[Path, str]:
     return path, path.stem if path.suffix == ".gguf" else path.name
 
 
-def _read_config_and_tokenizer(path: Path, model: str) -> tuple[ModelConfig, Tokenizer]:
+def _read_config_and_tokenizer(
+    path: Path, model: str
+) -> tuple[ModelConfig, Tokenizer, GGUFFile | None]:
+    """The config, the tokenizer and, for a GGUF file, the opened file (to read weights from)."""
+    reader = None
     if is_hf_dir(path):
         config = read_hf_config(path)
         tokenizer = Tokenizer.from_dir(path, config.eos_token_ids)
@@ -73,7 +78,7 @@ def _read_config_and_tokenizer(path: Path, model: str) -> tuple[ModelConfig, Tok
     else:
         raise FileNotFoundError(f"model {model!r} not found")
     # The tokenizer knows the chat's end-of-turn token; the engine stops on all of them.
-    return replace(config, eos_token_ids=tokenizer.eos_token_ids), tokenizer
+    return replace(config, eos_token_ids=tokenizer.eos_token_ids), tokenizer, reader
 
 
 def load_tokenizer(model: str = "default") -> tuple[Tokenizer, str]:
@@ -88,10 +93,9 @@ def load_model(
 ) -> LoadedModel:
     """Load weights, config and tokenizer; raises FileNotFoundError/ValueError on bad paths."""
     path, name = resolve_model(model)
-    config, tokenizer = _read_config_and_tokenizer(path, model)
-    if is_hf_dir(path):
+    config, tokenizer, reader = _read_config_and_tokenizer(path, model)
+    if reader is None:
         state = load_hf_state(path, config, dtype, device)
     else:
-        reader, _ = open_gguf(path)
         state = load_gguf_state(reader, config, dtype, device)
     return LoadedModel(_build(config, state), config, tokenizer, name, path.resolve())

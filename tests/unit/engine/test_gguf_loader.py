@@ -10,6 +10,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.model.gguf_file import GGUFFile, GGUFFormatError
 from engine.model.gguf_loader import (
     dequantized_tensors,
     hf_tensor_name,
@@ -37,7 +38,7 @@ def test_dequantize_each_type(tmp_path: Path, qtype: GGMLQuantizationType) -> No
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    [(name, array)] = list(dequantized_tensors(GGUFReader(str(path))))
+    [(name, array)] = list(dequantized_tensors(GGUFFile(path)))
     assert name == "blk.0.ffn_up.weight"
     assert array.shape == original.shape
     assert array.dtype == np.float32
@@ -45,6 +46,64 @@ def test_dequantize_each_type(tmp_path: Path, qtype: GGMLQuantizationType) -> No
     assert err.max() <= TOLERANCE[qtype] + 1e-6
     if qtype != Q.F32:
         assert err.max() > 0  # really stored in the lossy format
+
+
+def _write_fields_and_tensors(path: Path) -> None:
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_uint32("t.u32", 7)
+    writer.add_int64("t.i64", -(2**40))
+    writer.add_float32("t.f32", 0.25)
+    writer.add_float64("t.f64", -1.5)
+    writer.add_bool("t.flag", True)
+    writer.add_string("t.text", "héllo wörld")
+    writer.add_array("t.ints", [3, 1, 4, 1, 5])
+    writer.add_array("t.words", ["a", "", "ccc"])
+    writer.add_array("t.floats", [0.5, 1.5])
+    rng = np.random.default_rng(3)
+    add_array(writer, "a.f32", rng.uniform(-1, 1, size=(3, 64)).astype(np.float32), Q.F32)
+    add_array(writer, "b.q4_1", rng.uniform(-1, 1, size=(5, 64)).astype(np.float32), Q.Q4_1)
+    add_array(writer, "c.f16", rng.uniform(-1, 1, size=(64,)).astype(np.float32), Q.F16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_file_reads_what_the_gguf_package_reads(tmp_path: Path) -> None:
+    path = tmp_path / "f.gguf"
+    _write_fields_and_tensors(path)
+    ref = GGUFReader(str(path))
+    wanted = {name for name in ref.fields if not name.startswith("GGUF.")}
+    read = GGUFFile(path, arrays=wanted)
+    assert read.fields == {name: ref.fields[name].contents() for name in wanted}
+    assert read.fields["t.text"] == "héllo wörld" and read.fields["t.words"] == ["a", "", "ccc"]
+    assert [t.name for t in read.tensors] == ["a.f32", "b.q4_1", "c.f16"]
+    for mine, theirs in zip(read.tensors, ref.tensors, strict=True):
+        assert mine.tensor_type == theirs.tensor_type
+        assert mine.shape == tuple(reversed(theirs.shape.tolist()))
+        assert mine.data.tobytes() == np.asarray(theirs.data).tobytes()
+    # Arrays not asked for are skipped; scalars and strings are always read.
+    plain = GGUFFile(path)
+    assert "t.ints" not in plain.fields and "t.words" not in plain.fields
+    assert plain.fields["t.u32"] == 7 and plain.fields["t.flag"] is True
+    assert [t.shape for t in plain.tensors] == [(3, 64), (5, 64), (64,)]
+
+
+def test_gguf_file_refuses_what_is_not_a_whole_gguf_file(tmp_path: Path) -> None:
+    path = tmp_path / "f.gguf"
+    _write_fields_and_tensors(path)
+    whole = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    for size, message in [(0, "empty"), (40, "ends inside"), (len(whole) - 8, "past the end")]:
+        cut.write_bytes(whole[:size])
+        with pytest.raises(GGUFFormatError, match=message):
+            GGUFFile(cut)
+    cut.write_bytes(b"GGML" + whole[4:])
+    with pytest.raises(GGUFFormatError, match="not a GGUF file"):
+        GGUFFile(cut)
+    cut.write_bytes(whole[:4] + (1).to_bytes(4, "little") + whole[8:])
+    with pytest.raises(GGUFFormatError, match="version 1"):
+        GGUFFile(cut)
 
 
 def test_tensor_names_map_to_hf() -> None:
