@@ -14,6 +14,7 @@ from engine.model.gguf_loader import load_gguf_state, open_gguf, read_gguf_confi
 from engine.model.gguf_tokenizer import build_gguf_tokenizer
 from engine.model.hf_loader import is_hf_dir, load_hf_state, read_hf_config
 from engine.model.llama import LlamaForCausalLM
+from engine.native.build import prebuild
 from engine.tokenizer import Tokenizer
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -93,6 +94,8 @@ def load_model(
 ) -> LoadedModel:
     """Load weights, config and tokenizer; raises FileNotFoundError/ValueError on bad paths."""
     path, name = resolve_model(model)
+    if torch.device(device).type == "cpu":
+        prebuild()  # the CPU kernels, all at once (nothing to do once they are cached)
     config, tokenizer, reader = _read_config_and_tokenizer(path, model)
     if reader is None:
         state = load_hf_state(path, config, dtype, device)

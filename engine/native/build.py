@@ -10,6 +10,7 @@ the build cache (default ``$XDG_CACHE_HOME/atrium`` or ``~/.cache/atrium``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -18,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -120,6 +122,19 @@ def build_library(
         if stale != target:
             stale.unlink(missing_ok=True)
     return target
+
+
+def prebuild(cache_dir: Path | None = None) -> None:
+    """Build every C source here at once, one compiler per core, where native kernels are on:
+    a first start then waits for the slowest build instead of for all of them in turn (about a
+    minute instead of two on a slow 2-core CPU). Failures are left for the loaders to log."""
+    if not native_enabled() or _compiler() is None:
+        return
+    sources = sorted(FOLDER.glob("*.c"))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(sources), os.cpu_count() or 1))) as pool:
+        for future in [pool.submit(build_library, source, cache_dir) for source in sources]:
+            with contextlib.suppress(OSError, RuntimeError, subprocess.SubprocessError):
+                future.result()
 
 
 def try_load(

@@ -20,6 +20,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.device import cpu_has_bf16_dot
 from engine.model.config import ModelConfig
 from engine.model.native_ops import SOURCE as LAYER_OPS_SOURCE
+from engine.native import build
 from engine.native.build import build_library, native_enabled, try_load
 from tests.support.paged import (
     causal_attention,
@@ -164,6 +165,28 @@ def test_builds_once_per_source_and_reuses_the_cached_library(tmp_path: Path) ->
     assert first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no build folder left behind
     assert try_load(source, lambda library: library, tmp_path) == first
+
+
+def test_prebuild_builds_every_source_at_once_and_leaves_failures_to_the_loaders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sources = tmp_path / "src"
+    sources.mkdir()
+    (sources / "one.c").write_text("int one(void) { return 1; }\n")
+    (sources / "two.c").write_text("int two(void) { return 2; }\n")
+    (sources / "broken.c").write_text("int broken(void) { return }\n")
+    monkeypatch.setattr(build, "FOLDER", sources)
+    cache = tmp_path / "cache"
+    build.prebuild(cache)
+    built = sorted(p.name.split("-")[0] for p in cache.glob("*.so"))
+    assert built == ["one", "two"]
+    stamps = {p: p.stat().st_mtime_ns for p in cache.glob("*.so")}
+    build.prebuild(cache)  # cached: nothing is built again
+    assert {p: p.stat().st_mtime_ns for p in cache.glob("*.so")} == stamps
+    monkeypatch.setenv("ATRIUM_NATIVE_KERNELS", "0")
+    other = tmp_path / "off"
+    build.prebuild(other)
+    assert not other.exists()
 
 
 def test_no_compiler_or_switched_off_means_no_kernel(
