@@ -22,6 +22,7 @@ from engine.model.packed_linear import (
     Codes,
     CodesGemm,
     block_codes,
+    build_codes_gemm,
     gather_pairs,
     load_codes_gemm,
     load_small_gemm,
@@ -391,8 +392,32 @@ def test_weights_that_are_not_block_codes_keep_none() -> None:
     assert block_codes(rounded) is not None
 
 
-CODES_GEMM = load_codes_gemm()
+CODES_GEMM = build_codes_gemm()
 needs_codes = pytest.mark.skipif(CODES_GEMM is None, reason="no C compiler: oneDNN runs all")
+# Whether float32 projections keep codes here at all (only where the product beats oneDNN).
+uses_codes = pytest.mark.skipif(
+    load_codes_gemm() is None,
+    reason="no C compiler, or no AVX-512 (the codes product is slower than oneDNN there; "
+    "the product itself is tested here all the same)",
+)
+
+
+def test_weights_keep_codes_only_where_the_codes_product_beats_onednn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight = gguf_rounded(torch.randn(96, 64, generator=torch.Generator().manual_seed(5)), "Q8_0")
+    try:
+        for capability, expected in (("AVX2", False), ("DEFAULT", False), ("AVX512", True)):
+            monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+            load_codes_gemm.cache_clear()
+            assert packed_linear.codes_beat_onednn() is expected
+            assert (load_codes_gemm() is not None) is (expected and CODES_GEMM is not None)
+            packed = pack(weight)
+            if packed is not None:
+                assert (packed.codes is not None) is (load_codes_gemm() is not None)
+    finally:
+        monkeypatch.undo()
+        load_codes_gemm.cache_clear()
 
 
 @needs_codes
@@ -451,7 +476,7 @@ def test_the_codes_product_is_the_float32_projection(
     )
 
 
-@needs_codes
+@uses_codes
 @needs_f32_packing
 @pytest.mark.parametrize("num_tokens", [1, 7, 64, 65, 300])
 def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: int) -> None:
@@ -475,7 +500,7 @@ def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: i
     torch.testing.assert_close(project(x, weight, packed), linear(x, weight), **tight)
 
 
-@needs_codes
+@uses_codes
 @needs_f32_packing
 def test_the_default_model_keeps_its_projections_as_codes_in_float32() -> None:
     """SmolLM2's GGUF is Q4_1 (and Q8_0 for the embedding): every projection and the tied LM
