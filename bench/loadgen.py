@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -78,16 +79,23 @@ async def send(
     target: Target,
     spec: RequestSpec,
     texts: list[str] | None = None,
+    stop_at: float = math.inf,
 ) -> RequestRecord:
-    """One streamed completion; errors are recorded, never raised. ``texts`` collects the text."""
+    """One streamed completion; errors are recorded, never raised. ``texts`` collects the text.
+    A request still running at ``stop_at`` (``time.perf_counter()`` seconds) is cut off there and
+    recorded as an error, with the tokens that had arrived."""
     headers = {}
     key = target.keys.get(spec.tenant)
     if key:
         headers["Authorization"] = f"Bearer {key}"
     record = RequestRecord(spec.tenant, time.perf_counter())
     url = target.base_url.rstrip("/") + "/v1/completions"
+    remaining = stop_at - time.perf_counter()
     try:
-        async with client.stream("POST", url, json=_body(target, spec), headers=headers) as resp:
+        async with (
+            asyncio.timeout(None if math.isinf(remaining) else max(remaining, 0.0)),
+            client.stream("POST", url, json=_body(target, spec), headers=headers) as resp,
+        ):
             if resp.status_code != 200:
                 await resp.aread()
                 record.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
@@ -101,6 +109,8 @@ async def send(
                     _apply_event(record, json.loads(payload), time.perf_counter(), texts)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
+    except TimeoutError:
+        record.error = "deadline: cut off when the run's time ran out"
     record.done_at = time.perf_counter()
     if record.error is None and not record.completion_tokens:
         record.completion_tokens = len(record.token_times)
@@ -115,7 +125,8 @@ def _client(timeout_s: float, limit: int) -> httpx.AsyncClient:
 async def run_closed_loop(
     target: Target, specs: Sequence[RequestSpec], concurrency: int, deadline_s: float = 600.0
 ) -> list[RequestRecord]:
-    """Keep ``concurrency`` requests in flight until the list is done (or the deadline passes)."""
+    """Keep ``concurrency`` requests in flight until the list is done or ``deadline_s`` passes;
+    requests still running then are cut off and recorded as errors."""
     queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
     for spec in specs:
         queue.put_nowait(spec)
@@ -125,11 +136,9 @@ async def run_closed_loop(
 
         async def worker() -> None:
             while not queue.empty() and time.perf_counter() < stop_at:
-                records.append(await send(client, target, queue.get_nowait()))
+                records.append(await send(client, target, queue.get_nowait(), None, stop_at))
 
-        await asyncio.wait_for(
-            asyncio.gather(*(worker() for _ in range(concurrency))), deadline_s + 30
-        )
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
 
 
@@ -151,7 +160,7 @@ async def run_poisson(
 
         async def one(spec: RequestSpec) -> RequestRecord:
             async with gate:
-                return await send(client, target, spec)
+                return await send(client, target, spec, None, stop_at)
 
         tasks = []
         for spec in specs:
@@ -159,7 +168,7 @@ async def run_poisson(
                 break
             tasks.append(asyncio.create_task(one(spec)))
             await asyncio.sleep(rng.expovariate(rate))
-        return list(await asyncio.wait_for(asyncio.gather(*tasks), deadline_s + 30))
+        return list(await asyncio.gather(*tasks))
 
 
 async def run_per_tenant(
@@ -195,7 +204,7 @@ async def run_chat_sessions(
                 prompt = history + message
                 texts: list[str] = []
                 spec = RequestSpec(tenant, prompt, max_tokens)
-                records.append(await send(client, target, spec, texts))
+                records.append(await send(client, target, spec, texts, stop_at))
                 history = prompt + "".join(texts)
             return records
 

@@ -30,6 +30,14 @@ class FakeServer:
     max_in_flight: int = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._respond(reader, writer)
+        except ConnectionError:
+            pass  # the client hung up (a request cut off at its run's deadline)
+        finally:
+            writer.close()  # also when the loop ends while a response is still streaming
+
+    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (await reader.readuntil(b"\r\n\r\n")).decode()
         headers = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if ": " in line)
         lowered = {k.lower(): v for k, v in headers.items()}
@@ -123,3 +131,23 @@ def test_chat_sessions_grow_their_history_with_each_answer() -> None:
 def test_the_target_must_be_loopback() -> None:
     with pytest.raises(ValueError, match="loopback"):
         Target("http://10.0.0.1:8000", "m")
+
+
+def test_requests_running_at_the_deadline_are_cut_off_and_recorded() -> None:
+    """400 tokens at 5 ms each take 2 s; a 0.3 s run ends on time with what it has."""
+    specs = [RequestSpec("t0", "a b", 400) for _ in range(5)]
+
+    async def timed(run: Awaitable[Any]) -> tuple[Any, float]:
+        started = asyncio.get_running_loop().time()
+        result = await run
+        return result, asyncio.get_running_loop().time() - started
+
+    for loop in (
+        lambda t: run_closed_loop(t, specs, 2, 0.3),
+        lambda t: run_poisson(t, specs, rate=1000.0, deadline_s=0.3),
+        lambda t: run_chat_sessions(t, [("t0", ["hi", " again"])], 400, 0.3),
+    ):
+        (records, seconds), _ = serve(lambda t, _, loop=loop: timed(loop(t)), {})
+        assert seconds < 1.5
+        assert records and all(r.error is not None and "deadline" in r.error for r in records)
+        assert any(0 < len(r.token_times) < 400 for r in records)  # what had arrived is kept
