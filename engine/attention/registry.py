@@ -47,6 +47,7 @@ class BackendSpec:
 
 def _build_torch(spec: BackendSpec) -> AttentionBackend:
     from engine.attention.native_attention import (
+        chunk_kernel_beats_torch,
         kernels_support,
         load_chunk_kernel,
         load_decode_kernel,
@@ -56,7 +57,8 @@ def _build_torch(spec: BackendSpec) -> AttentionBackend:
     if spec.device.type == "cpu" and kernels_support(
         spec.dtype, spec.num_q_heads, spec.num_kv_heads, spec.head_dim
     ):
-        return TorchAttentionBackend(load_decode_kernel(), load_chunk_kernel())
+        chunks = load_chunk_kernel() if chunk_kernel_beats_torch() else None
+        return TorchAttentionBackend(load_decode_kernel(), chunks)
     return TorchAttentionBackend()
 
 

@@ -11,6 +11,7 @@ from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.native_attention import (
     DECODE_SOURCE,
     DecodeKernel,
+    chunk_kernel_beats_torch,
     load_chunk_kernel,
     load_decode_kernel,
     try_load_decode_kernel,
@@ -145,7 +146,29 @@ def test_the_cpu_backend_uses_the_kernels_where_they_apply() -> None:
         backend = create_backend(cpu, model(head_dim), page_size=16, dtype=dtype)
         assert isinstance(backend, TorchAttentionBackend)
         assert backend.native_decode is expected, (dtype, head_dim)
+        chunks = expected and load_chunk_kernel() is not None and chunk_kernel_beats_torch()
+        assert backend.native_chunks is chunks
+
+
+def test_prefill_chunks_take_the_kernel_only_where_it_beats_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = ModelConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+    )
+    for capability, expected in (("AVX2", False), ("DEFAULT", False), ("AVX512", True)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert chunk_kernel_beats_torch() is expected
+        backend = create_backend(torch.device("cpu"), config, page_size=16, dtype=torch.float32)
+        assert isinstance(backend, TorchAttentionBackend)
         assert backend.native_chunks is (expected and load_chunk_kernel() is not None)
+        assert backend.native_decode is (KERNEL is not None)  # decodes take it everywhere
 
 
 @needs_kernel
