@@ -136,7 +136,7 @@ async def run_closed_loop(
 
         async def worker() -> None:
             while not queue.empty() and time.perf_counter() < stop_at:
-                records.append(await send(client, target, queue.get_nowait(), None, stop_at))
+                records.append(await send(client, target, queue.get_nowait(), stop_at=stop_at))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
@@ -160,7 +160,7 @@ async def run_poisson(
 
         async def one(spec: RequestSpec) -> RequestRecord:
             async with gate:
-                return await send(client, target, spec, None, stop_at)
+                return await send(client, target, spec, stop_at=stop_at)
 
         tasks = []
         for spec in specs:
@@ -204,7 +204,7 @@ async def run_chat_sessions(
                 prompt = history + message
                 texts: list[str] = []
                 spec = RequestSpec(tenant, prompt, max_tokens)
-                records.append(await send(client, target, spec, texts, stop_at))
+                records.append(await send(client, target, spec, texts, stop_at=stop_at))
                 history = prompt + "".join(texts)
             return records
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from engine.native.build import FOLDER, try_load
+from engine.native.build import FOLDER, cpu_has_avx512, try_load
 
 DECODE_SOURCE = FOLDER / "decode_attention.c"
 CHUNK_SOURCE = FOLDER / "chunk_attention.c"
@@ -52,7 +52,7 @@ def chunk_kernel_beats_torch() -> bool:
     alone its 16-lane blocks are two registers each and its tiles spill; on an AMD EPYC of
     family 23 (Zen) a float32 prefill of 8 shared-prefix prompts took ~22.5 s with it and
     ~11.5 s with torch's SDPA (the decode kernel was even there, and stays)."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return cpu_has_avx512()
 
 
 def _check(name: str, q: torch.Tensor, kv_cache: torch.Tensor, tables: list[torch.Tensor]) -> None:

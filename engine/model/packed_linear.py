@@ -41,7 +41,7 @@ import torch
 from torch.nn.functional import linear
 
 from engine.device import zeros_on_huge_pages
-from engine.native.build import FOLDER, try_load
+from engine.native.build import FOLDER, cpu_has_avx512, try_load
 
 log = structlog.get_logger(__name__)
 
@@ -177,7 +177,7 @@ def codes_beat_onednn() -> bool:
     columns take two registers and a tile's rows no longer fit in the sixteen there: on an AMD
     EPYC of family 23 (Zen) the product ran 2-10x slower than torch's float32 ``linear`` at
     1-32 rows, and decode steps of 8 through it ~3x slower than through oneDNN."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return cpu_has_avx512()
 
 
 @functools.cache

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
+import torch
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +70,13 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_has_avx512() -> bool:
+    """Whether torch dispatches AVX-512 code on this CPU. The kernels here were tuned on such
+    CPUs; with AVX2 alone their 16-lane vectors are two registers each and their tiles spill,
+    so the callers whose kernels then lose to torch's paths use those paths instead."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _compiler() -> str | None:

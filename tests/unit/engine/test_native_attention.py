@@ -124,18 +124,20 @@ def test_unsupported_inputs_are_refused_not_misread() -> None:
     assert DecodeKernel.supports(torch.bfloat16, 9, 3, 64)
 
 
-def test_the_cpu_backend_uses_the_kernels_where_they_apply() -> None:
-    def model(head_dim: int) -> ModelConfig:
-        return ModelConfig(
-            vocab_size=64,
-            hidden_size=4 * head_dim,
-            intermediate_size=64,
-            num_layers=1,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=head_dim,
-        )
+def model(head_dim: int) -> ModelConfig:
+    """A one-layer model with four query heads over two KV heads of ``head_dim``."""
+    return ModelConfig(
+        vocab_size=64,
+        hidden_size=4 * head_dim,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=head_dim,
+    )
 
+
+def test_the_cpu_backend_uses_the_kernels_where_they_apply() -> None:
     cpu = torch.device("cpu")
     for dtype, head_dim, expected in [
         (torch.float32, 16, KERNEL is not None),
@@ -153,15 +155,7 @@ def test_the_cpu_backend_uses_the_kernels_where_they_apply() -> None:
 def test_prefill_chunks_take_the_kernel_only_where_it_beats_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = ModelConfig(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=64,
-        num_layers=1,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-    )
+    config = model(16)
     for capability, expected in (("AVX2", False), ("DEFAULT", False), ("AVX512", True)):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         assert chunk_kernel_beats_torch() is expected
