@@ -206,6 +206,53 @@ static inline __attribute__((always_inline)) void codes_tile(
         }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define ATRIUM_CODES_AVX2 1
+/* With AVX2 alone (sixteen 8-lane registers) a tile is R <= 6 rows by the 16 columns of one
+ * block: 2 R accumulators, the block's two decoded halves and a broadcast input fill fifteen
+ * registers, and the scales and offsets are read from memory (L1) where they are used. The
+ * sixteen-lane tile above would hold 12 x 4 accumulators in registers that are not there, and
+ * spill them on every multiply-add. Each lane sums its products in the same order as that
+ * tile (k ascending, one fused multiply-add each), so both give the same bits. */
+#define ROWS_AVX2 6
+
+static inline __attribute__((always_inline)) void codes_tile_avx2(
+    const float *x, int64_t x_stride, const int8_t *codes, const float *scale,
+    const float *offset, int64_t K, const float *res, int64_t res_stride, float *out,
+    int64_t out_stride, int64_t cb, const int R) {
+    __m256 acc[ROWS_AVX2][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int64_t kblocks = K / CODE_BLOCK;
+    const int8_t *c = codes + cb * K * 16;
+    const float *d = scale + cb * kblocks * 16, *m = offset + cb * kblocks * 16;
+    for (int64_t kb = 0; kb < kblocks; kb++, d += 16, m += 16) {
+        const float *xk = x + kb * CODE_BLOCK;
+        for (int k = 0; k < CODE_BLOCK; k++, c += 16) {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)c);
+            const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
+                                              _mm256_loadu_ps(d), _mm256_loadu_ps(m));
+            const __m256 w1 = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8))),
+                _mm256_loadu_ps(d + 8), _mm256_loadu_ps(m + 8)); /* exact: the weight */
+            for (int r = 0; r < R; r++) {
+                const __m256 xv = _mm256_broadcast_ss(xk + r * x_stride + k);
+                acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) {
+            __m256 v = acc[r][h];
+            if (res != NULL)
+                v = _mm256_add_ps(v, _mm256_loadu_ps(res + r * res_stride + cb * 16 + 8 * h));
+            _mm256_storeu_ps(out + r * out_stride + cb * 16 + 8 * h, v);
+        }
+}
+#else
+#define ATRIUM_CODES_AVX2 0
+#endif
+
 /* out [M, N] = x [M, K] . W^T (+ residual) for W kept as codes (above). x rows ``x_stride``
  * apart, residual [M, N] rows ``res_stride`` apart or NULL, out contiguous. Returns 0, or -2
  * where N is not a multiple of 16 or K not a multiple of 32. */
@@ -214,6 +261,30 @@ int atrium_small_gemm_codes_f32(const float *x, int64_t x_stride, const int8_t *
                                 int64_t res_stride, float *out, int64_t M, int64_t N, int64_t K,
                                 int num_threads) {
     if (N % 16 || K % CODE_BLOCK || M < 0) return -2;
+#if ATRIUM_CODES_AVX2
+    /* Rows in groups of at most six, as even as they go (8 rows: 4 + 4, not 6 + 2): each group
+     * decodes the block again, from L1. */
+    const int64_t groups = (M + ROWS_AVX2 - 1) / ROWS_AVX2;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t cb = 0; cb < N / 16; cb++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t r0 = g * M / groups, rows = (g + 1) * M / groups - r0;
+            const float *xr = x + r0 * x_stride;
+            const float *rr = res != NULL ? res + r0 * res_stride : NULL;
+            float *orow = out + r0 * N;
+#define CTILE2(R)                                                                          \
+    case R:                                                                                \
+        codes_tile_avx2(xr, x_stride, codes, scale, offset, K, rr, res_stride, orow, N, cb, R); \
+        break;
+            switch (rows) {
+                CTILE2(1) CTILE2(2) CTILE2(3) CTILE2(4) CTILE2(5) CTILE2(6)
+                default: break;
+            }
+#undef CTILE2
+        }
+    }
+    return 0;
+#else
     const int64_t blocks = N / 16, tiles = (blocks + 1) / 2;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
@@ -234,4 +305,5 @@ int atrium_small_gemm_codes_f32(const float *x, int64_t x_stride, const int8_t *
         }
     }
     return 0;
+#endif
 }

@@ -397,8 +397,8 @@ needs_codes = pytest.mark.skipif(CODES_GEMM is None, reason="no C compiler: oneD
 # Whether float32 projections keep codes here at all (only where the product beats oneDNN).
 uses_codes = pytest.mark.skipif(
     load_codes_gemm() is None,
-    reason="no C compiler, or no AVX-512 (the codes product is slower than oneDNN there; "
-    "the product itself is tested here all the same)",
+    reason="no C compiler, or neither AVX-512 nor AVX2 (the codes product was never measured "
+    "against oneDNN there; the product itself is tested here all the same)",
 )
 
 
@@ -407,10 +407,17 @@ def test_weights_keep_codes_only_where_the_codes_product_beats_onednn(
 ) -> None:
     weight = gguf_rounded(torch.randn(96, 64, generator=torch.Generator().manual_seed(5)), "Q8_0")
     try:
-        for capability, expected in (("AVX2", False), ("DEFAULT", False), ("AVX512", True)):
+        for capability, expected, rows in (
+            ("AVX2", True, packed_linear.AVX2_CODES_BATCH),
+            ("DEFAULT", False, packed_linear.AVX2_CODES_BATCH),
+            ("NEON", False, packed_linear.AVX2_CODES_BATCH),
+            ("AVX512", True, packed_linear.SMALL_BATCH),
+        ):
             monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
             load_codes_gemm.cache_clear()
+            packed_linear.codes_max_rows.cache_clear()
             assert packed_linear.codes_beat_onednn() is expected
+            assert packed_linear.codes_max_rows() == rows
             assert (load_codes_gemm() is not None) is (expected and CODES_GEMM is not None)
             packed = pack(weight)
             if packed is not None:
@@ -418,6 +425,7 @@ def test_weights_keep_codes_only_where_the_codes_product_beats_onednn(
     finally:
         monkeypatch.undo()
         load_codes_gemm.cache_clear()
+        packed_linear.codes_max_rows.cache_clear()
 
 
 @needs_codes
@@ -455,6 +463,28 @@ def test_the_codes_product_built_for_avx2_decodes_and_sums_the_same(tmp_path: Pa
     )
 
 
+@uses_codes
+@pytest.mark.parametrize("num_tokens", [1, 4, 6, 7, 8, 13, 32])
+def test_the_codes_product_sums_each_output_in_input_order(num_tokens: int) -> None:
+    """Where weights keep codes (AVX-512's tile or AVX2's), every output is the float32 sum of
+    its products in input order, one rounding per multiply-add: the same bits whichever tile
+    ran, and whichever group of rows a row fell in."""
+    assert CODES_GEMM is not None
+    gen = torch.Generator().manual_seed(40 + num_tokens)
+    weight = gguf_rounded(torch.randn(48, 96, generator=gen) / 4, "Q4_1")
+    codes = block_codes(weight)
+    assert codes is not None
+    x = torch.randn(num_tokens, 96, generator=gen)
+    residual = torch.randn(num_tokens, 48, generator=gen)
+    # A float32 product is exact in float64, and the sum then rounds once to float32, as a
+    # fused multiply-add does (a double rounding could differ once in ~2^29 sums).
+    acc = torch.zeros(num_tokens, 48)
+    for k in range(96):
+        acc = (acc.double() + x[:, k, None].double() * weight[:, k].double()).float()
+    assert torch.equal(CODES_GEMM(x, codes), acc)
+    assert torch.equal(CODES_GEMM(x, codes, residual), acc + residual)
+
+
 @needs_codes
 @pytest.mark.parametrize(("out_features", "in_features"), [(16, 32), (80, 576), (48, 1536)])
 @pytest.mark.parametrize("num_tokens", [1, 5, 12, 13, 40, 64])
@@ -478,7 +508,7 @@ def test_the_codes_product_is_the_float32_projection(
 
 @uses_codes
 @needs_f32_packing
-@pytest.mark.parametrize("num_tokens", [1, 7, 64, 65, 300])
+@pytest.mark.parametrize("num_tokens", [1, 7, 32, 33, 64, 65, 300])
 def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: int) -> None:
     gen = torch.Generator().manual_seed(num_tokens)
     weight = gguf_rounded(torch.randn(96, 64, generator=gen), "Q8_0")
@@ -488,7 +518,7 @@ def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: i
     residual = torch.randn(num_tokens, 96, generator=gen)
     assert CODES_GEMM is not None
     mkldnn = torch.ops.mkldnn._linear_pointwise
-    if num_tokens <= packed_linear.SMALL_BATCH:
+    if num_tokens <= packed_linear.codes_max_rows():
         expected = CODES_GEMM(x, packed.codes)
         expected_add = CODES_GEMM(x, packed.codes, residual)
     else:
