@@ -84,6 +84,161 @@ static inline void prefetch_block(const char *base, const int32_t *table, int po
         for (int line = 0; line < row_bytes; line += 64) __builtin_prefetch(rows[t] + line, 0, 3);
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define ATRIUM_DECODE_AVX2 1
+#include <immintrin.h>
+#else
+#define ATRIUM_DECODE_AVX2 0
+#endif
+
+#if ATRIUM_DECODE_AVX2
+/* float32 with AVX2 alone: sixteen 8-lane registers, where the sixteen-lane code below keeps
+ * more values live than there are registers (a group's query heads, sixteen keys' partial
+ * sums, a head's sixteen-lane accumulators) and spills them in its inner loops. Here a query
+ * row stays in up to eight registers and eight keys' partial sums in eight more, the keys read
+ * from memory by the multiply-adds themselves; eight sums across lanes take one tree of
+ * horizontal adds. Values: one query head's output, up to 64 dimensions, in eight registers,
+ * each token's probability broadcast against its V row. */
+static const float ZERO_F32_ROW[ATRIUM_MAX_DIM] = {0};
+
+/* Lane t: the sum of the eight lanes of a[t]. */
+static inline __m256 sum_lanes8(const __m256 a[8]) {
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+/* Scaled scores of query rows q[0 .. R-1] (D floats each) against key rows k[0 .. 7] (rows past
+ * the first n are zero rows), to scores[r * stride + t]; lanes past n get -inf. */
+static inline __attribute__((always_inline)) void dots8(const float *const *q, int R,
+                                                        const float *const *k, int n,
+                                                        const int D, float scale, float *scores,
+                                                        int64_t stride) {
+    const __m256 live =
+        _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps((float)n), _CMP_LT_OQ);
+    const __m256 none = _mm256_set1_ps(-INFINITY), scaled = _mm256_set1_ps(scale);
+    for (int r = 0; r < R; r++) {
+        /* Keys are read again for each row, from L1: hoisted out of this loop they would be
+         * 64 registers' worth, and spill. */
+        __asm__ volatile("" ::: "memory");
+        __m256 a[8];
+        for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_ps();
+        for (int c0 = 0; c0 < D; c0 += 64) {
+            const int w = D - c0 < 64 ? (D - c0) / 8 : 8;
+            __m256 qv[8];
+            for (int c = 0; c < w; c++) qv[c] = _mm256_loadu_ps(q[r] + c0 + 8 * c);
+            for (int t = 0; t < 8; t++)
+                for (int c = 0; c < w; c++)
+                    a[t] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k[t] + c0 + 8 * c), a[t]);
+        }
+        _mm256_storeu_ps(scores + (int64_t)r * stride,
+                         _mm256_blendv_ps(none, _mm256_mul_ps(sum_lanes8(a), scaled), live));
+    }
+}
+
+/* Scores of R query rows against tokens first .. first + tokens - 1 of a table's sequence, to
+ * scores[r * pad + t] (pad a multiple of 16 >= tokens; -inf past the last token). The next
+ * blocks' K (``ahead`` blocks of sixteen on) and this block's V are fetched ahead of use. */
+static inline __attribute__((always_inline)) void scores_avx2(
+    const float *const *q, int R, const char *cache_h, const int32_t *table, int first,
+    int tokens, int pad, int ahead, const shape_t *s, const int D, float *scores) {
+    const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 4;
+    const int64_t v_bytes = s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
+    for (int t0 = 0; t0 < tokens; t0 += 8) {
+        const int n = tokens - t0 < 8 ? tokens - t0 : 8;
+        const char *rows[8];
+        paged_rows(cache_h, table, first + t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        if (t0 % 16 == 0)
+            prefetch_block(cache_h, table, first + t0 + 16 * ahead, first + tokens, s, tok_bytes,
+                           D * 4);
+        const float *k[8];
+        for (int t = 0; t < 8; t++) {
+            k[t] = t < n ? (const float *)rows[t] : ZERO_F32_ROW;
+            if (t < n)
+                for (int line = 0; line < D * 4; line += 64)
+                    __builtin_prefetch(rows[t] + v_bytes + line, 0, 3);
+        }
+        dots8(q, R, k, n, D, s->scale, scores + t0, pad);
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = (tokens + 7) & ~7; t < pad; t++) scores[(int64_t)r * pad + t] = -INFINITY;
+}
+
+/* Adds sum over tokens t < n of p[r][t] * V[t] to up to 32 dimensions (from c0) of RN rows of
+ * out, V[t] at rows[t]. Each V line comes in once for all RN rows, and the rows' twelve
+ * accumulators are loaded and stored once per sixteen tokens. */
+static inline __attribute__((always_inline)) void values_tile_avx2(
+    const float *const *p, const int RN, const char *const *rows, int n, int c0, const int w,
+    float *const *out) {
+    __m256 o[3][4];
+    for (int r = 0; r < RN; r++)
+        for (int c = 0; c < w; c++) o[r][c] = _mm256_loadu_ps(out[r] + c0 + 8 * c);
+    for (int t = 0; t < n; t++) {
+        const float *v = (const float *)rows[t] + c0;
+        for (int r = 0; r < RN; r++) {
+            /* V read by each row's multiply-adds, from L1: held in registers for all the
+             * rows it would take four more than there are. */
+            __asm__ volatile("" ::: "memory");
+            const __m256 pt = _mm256_broadcast_ss(p[r] + t);
+            for (int c = 0; c < w; c++)
+                o[r][c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8 * c), o[r][c]);
+        }
+    }
+    for (int r = 0; r < RN; r++)
+        for (int c = 0; c < w; c++) _mm256_storeu_ps(out[r] + c0 + 8 * c, o[r][c]);
+}
+
+/* out[r][0 .. D) = (prior row r's output * carry[r], or 0) + sum over the tokens of p[r][t] *
+ * V[t], for R rows; p rows ``pad`` apart, prior rows D + 2 floats apart. Sixteen tokens at a
+ * time, their rows found once; within them rows three at a time by 32 dimensions, so each V
+ * row comes from L2 once per three rows rather than once per row. */
+static inline __attribute__((always_inline)) void values_avx2(
+    const float *p, int pad, int R, const char *v_base, const int32_t *table, int first,
+    int tokens, const shape_t *s, const int D, const float *prior, const float *carry,
+    float *const *out) {
+    const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 4;
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d++)
+            out[r][d] = prior != NULL ? prior[(size_t)r * (D + 2) + d] * carry[r] : 0.0f;
+    for (int t0 = 0; t0 < tokens; t0 += 16) {
+        const int n = tokens - t0 < 16 ? tokens - t0 : 16;
+        const char *rows[16];
+        paged_rows(v_base, table, first + t0, n, s->page_size, tok_bytes,
+                   2 * s->page_size * tok_bytes, rows);
+        for (int r0 = 0; r0 < R; r0 += 3) {
+            const int rn = R - r0 < 3 ? R - r0 : 3;
+            const float *pr[3];
+            for (int r = 0; r < rn; r++) pr[r] = p + (int64_t)(r0 + r) * pad + t0;
+            for (int c0 = 0; c0 < D; c0 += 32) {
+                const int w = D - c0 < 32 ? (D - c0) / 8 : 4;
+#define VTILE(RN)                                                                  \
+    if (w == 4)                                                                    \
+        values_tile_avx2(pr, RN, rows, n, c0, 4, out + r0);                        \
+    else                                                                           \
+        values_tile_avx2(pr, RN, rows, n, c0, 2, out + r0);                        \
+    break;
+                switch (rn) {
+                    case 1: VTILE(1)
+                    case 2: VTILE(2)
+                    default: VTILE(3)
+                }
+#undef VTILE
+            }
+        }
+    }
+}
+
+/* The prefix pass of ``attend_prefix_f32`` (below) for AVX2: the same result, rows one at a
+ * time over eight keys at a time (no transposes). */
+static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
+    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
+    const shape_t *s, const int D, float *scores, float *const *out);
+static __attribute__((noinline)) void attend_prefix_f32_avx2(
+    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
+    const shape_t *s, int D, float *scores, float *const *out);
+#endif
+
 /* The c-th 64 bytes of sixteen keys' rows (zero past the first n), transposed: a[j] holds the
  * j-th 32-bit value (a float, or a pair of bfloat16) of every key, a lane per key. */
 static inline void transpose_keys(const char *const *rows, int n, int c, vu16 *a) {
@@ -168,6 +323,11 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
     const int32_t *table, int tokens, const shape_t *s, const int D,
     float *scores, /* scratch: ATRIUM_DP_ROWS rows of ``tokens`` rounded up to 16 */
     float *const *out /* ``live`` rows of D + 2 floats: output, max, sum */) {
+#if ATRIUM_DECODE_AVX2
+    (void)R;
+    attend_prefix_f32_avx2(qb, live, cache_h, table, tokens, s, D, scores, out);
+    return;
+#endif
     const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 4;
     const int64_t v_bytes = (int64_t)s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
     const int pad = (tokens + 15) & ~15;
@@ -221,6 +381,29 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
             for (int c = 0; c < C; c++) vstore16(out[r0 + r] + 16 * c, o[r][c]);
     }
 }
+
+#if ATRIUM_DECODE_AVX2
+static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
+    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
+    const shape_t *s, const int D, float *scores, float *const *out) {
+    const int pad = (tokens + 15) & ~15;
+    const float *q[ATRIUM_DP_ROWS];
+    for (int r = 0; r < live; r++) q[r] = qb + (size_t)r * D;
+    scores_avx2(q, live, cache_h, table, 0, tokens, pad, PREFIX_AHEAD, s, D, scores);
+    for (int r = 0; r < live; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 0);
+    const int64_t v_bytes = (int64_t)s->page_size * s->num_kv_heads * D * 4;
+    values_avx2(scores, pad, live, cache_h + v_bytes, table, 0, tokens, s, D, NULL, NULL, out);
+}
+
+static __attribute__((noinline)) void attend_prefix_f32_avx2(
+    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
+    const shape_t *s, int D, float *scores, float *const *out) {
+    if (D == 64)
+        attend_prefix_f32_avx2_d(qb, live, cache_h, table, tokens, s, 64, scores, out);
+    else
+        attend_prefix_f32_avx2_d(qb, live, cache_h, table, tokens, s, D, scores, out);
+}
+#endif
 
 #if ATRIUM_DPBF16
 /* bfloat16 scores of G query heads against every cached token, sixteen tokens at a time: each
@@ -390,8 +573,14 @@ static inline __attribute__((always_inline)) void attend_item(
         score_dpbf16(q_seq, cache_b, table, begin, kv_len, kv_pad, kvh, s, G, D, scores);
 #endif
     } else if (!bf16) {
+#if ATRIUM_DECODE_AVX2
+        const float *q_rows[ATRIUM_MAX_GROUP];
+        for (int g = 0; g < G; g++) q_rows[g] = (const float *)q_seq + (size_t)(kvh * G + g) * D;
+        scores_avx2(q_rows, G, cache_b, table, begin, kv_len - begin, kv_pad, 1, s, D, scores);
+#else
         score_f32((const float *)q_seq, cache_b, table, begin, kv_len, kv_pad, kvh, s, G, D,
                   scores);
+#endif
     } else {
         /* bfloat16 without pair dot products: whole tokens, one score at a time. */
         vf16 qv[ATRIUM_MAX_GROUP][MAX_CHUNKS];
@@ -454,6 +643,15 @@ static inline __attribute__((always_inline)) void attend_item(
         }
     }
 
+#if ATRIUM_DECODE_AVX2
+    if (!bf16) {
+        float *out_rows[ATRIUM_MAX_GROUP];
+        for (int g = 0; g < G; g++) out_rows[g] = (float *)out_seq + (size_t)(kvh * G + g) * D;
+        values_avx2(scores, kv_pad, G, cache_b + v_offset * elem, table, begin, kv_len - begin, s,
+                    D, prior, carry, out_rows);
+        return;
+    }
+#endif
     /* Probability-weighted sum of V, accumulated in float32 (from the prior's, rescaled). */
     for (int g = 0; g < G; g++)
         for (int c = 0; c < C; c++)

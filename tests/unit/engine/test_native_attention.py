@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,35 @@ def test_float32_decodes_over_a_shared_prefix_attend_it_together(
         torch.testing.assert_close(
             together[i].double(), reference(q[i], k, v), atol=1e-5, rtol=1e-4
         )
+
+
+@pytest.fixture(scope="module")
+def avx2_decode_kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeKernel | None:
+    """The decode kernel as built for an x86 CPU with AVX2 and no AVX-512 (its float32 paths
+    of eight-lane registers), where this CPU can run that build."""
+    return try_load_decode_kernel(tmp_path_factory.mktemp("avx2"), ("-march=x86-64-v3",))
+
+
+@needs_kernel
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64")
+    or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+    reason="x86 with AVX-512 only (on an AVX2-only CPU the native build is that build, which "
+    "the float32 tests above check; elsewhere it cannot run)",
+)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 2, 80)])
+def test_the_avx2_build_attends_float32_decodes_alone_and_in_groups(
+    avx2_decode_kernel: DecodeKernel | None, heads: int, kv_heads: int, dim: int
+) -> None:
+    """Built for AVX2 without AVX-512, float32 decodes (over shared prefixes and on their own)
+    still match exact attention within float32 rounding."""
+    assert avx2_decode_kernel is not None
+    groups = [(p // 4 * 4, tails) for p, tails in SHARED_GROUPS]
+    cache, tables, keys, values = shared_prefix_cache(
+        groups, 4, kv_heads, dim, torch.float32, seed=dim + 11
+    )
+    kv_lens = [k.shape[0] for k in keys]
+    q = torch.randn(len(tables), heads, dim)
+    out = avx2_decode_kernel(q, cache, *csr(tables, kv_lens))
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        torch.testing.assert_close(out[i].double(), reference(q[i], k, v), atol=1e-5, rtol=1e-4)
