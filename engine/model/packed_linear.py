@@ -22,7 +22,7 @@ found per batch size at load time; a weight whose results differ keeps oneDNN fo
 
 A float32 weight that is, in every run of 32 inputs of a row, ``code * scale + offset`` exactly
 for small integer codes -- as the weights decoded from a GGUF file in Q4_1 or Q8_0 are -- also
-keeps those codes (``block_codes``): steps of up to ``codes_max_rows()`` rows then run in
+keeps those codes (``block_codes``): steps of up to ``SMALL_BATCH`` rows then run in
 ``small_gemm.c``, which decodes the weights as it goes and multiplies in float32. Decode steps
 are bound by reading the weights, and the codes take under a third of the float32 bytes; the
 products are those of the same float32 weights (summed in another order than oneDNN's).
@@ -48,8 +48,7 @@ log = structlog.get_logger(__name__)
 # The batch size oneDNN chooses its blocking for; any step size runs on the result (measured
 # here: a hint of 16 is within a few percent of the best hint from batch 1 to 512).
 BATCH_HINT = 16
-SMALL_BATCH = 64  # rows up to which the codes product runs, where it applies (AVX-512)
-AVX2_CODES_BATCH = 32  # the same with AVX2 alone (``codes_max_rows``)
+SMALL_BATCH = 64  # rows up to which the codes product runs, where it applies
 # Rows up to which a projection's pair product runs, where it applies: past decode batches to
 # the steps where a few prompts join them (measured here, 30 layers' projections at 85 rows:
 # 22.8 ms against oneDNN's 27.2; at 128, 31.8 against 37.0). The LM head, which takes one row
@@ -175,19 +174,12 @@ def build_codes_gemm() -> CodesGemm | None:
 def codes_beat_onednn() -> bool:
     """Whether this CPU runs the codes product faster than oneDNN's float32 one: with AVX-512
     (16 columns a register; measured 2x faster at 8 rows on Ice Lake), and with AVX2 on x86,
-    where ``small_gemm.c`` has a tile of its own (six rows by sixteen columns in the sixteen
-    8-lane registers; measured on an AMD EPYC of family 25, 30 layers' projections at 8 rows
-    34 ms against oneDNN's 64, at 32 rows 108 against 117). Elsewhere (ARM) it was never
-    measured, and oneDNN runs."""
+    where ``small_gemm.c`` has a path of its own (each run of 32 inputs of a 16-column block
+    decoded once into L1, then multiplied into groups of up to six rows; measured on an AMD
+    EPYC of family 25, 30 layers' projections at 8 rows 29 ms against oneDNN's 51, at 32 rows
+    60-74 against 87-91, at 64 level). Elsewhere (ARM) it was never measured, and oneDNN
+    runs."""
     return cpu_has_avx512() or torch.backends.cpu.get_cpu_capability() == "AVX2"
-
-
-@functools.cache
-def codes_max_rows() -> int:
-    """Rows up to which the codes product runs: SMALL_BATCH with AVX-512; with AVX2, whose tile
-    is half as wide, oneDNN's float32 kernels catch up from ~24 rows (measured on the same
-    EPYC: level at 24, 48 rows 178 ms against oneDNN's 140), so 32."""
-    return SMALL_BATCH if cpu_has_avx512() else AVX2_CODES_BATCH
 
 
 @functools.cache
@@ -399,7 +391,7 @@ def _small_product(
         gemm = load_small_gemm()
         assert gemm is not None  # pairs are laid out only where it loaded
         return gemm(x, packed.pairs, residual, packed.pair_blocks[max(x.shape[0], 1) - 1])
-    if packed.codes is not None and x.shape[0] <= codes_max_rows():
+    if packed.codes is not None and x.shape[0] <= SMALL_BATCH:
         codes_gemm = load_codes_gemm()
         assert codes_gemm is not None  # codes are kept only where it loaded
         return codes_gemm(x, packed.codes, residual)

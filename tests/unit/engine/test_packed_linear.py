@@ -407,17 +407,15 @@ def test_weights_keep_codes_only_where_the_codes_product_beats_onednn(
 ) -> None:
     weight = gguf_rounded(torch.randn(96, 64, generator=torch.Generator().manual_seed(5)), "Q8_0")
     try:
-        for capability, expected, rows in (
-            ("AVX2", True, packed_linear.AVX2_CODES_BATCH),
-            ("DEFAULT", False, packed_linear.AVX2_CODES_BATCH),
-            ("NEON", False, packed_linear.AVX2_CODES_BATCH),
-            ("AVX512", True, packed_linear.SMALL_BATCH),
+        for capability, expected in (
+            ("AVX2", True),
+            ("DEFAULT", False),
+            ("NEON", False),
+            ("AVX512", True),
         ):
             monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
             load_codes_gemm.cache_clear()
-            packed_linear.codes_max_rows.cache_clear()
             assert packed_linear.codes_beat_onednn() is expected
-            assert packed_linear.codes_max_rows() == rows
             assert (load_codes_gemm() is not None) is (expected and CODES_GEMM is not None)
             packed = pack(weight)
             if packed is not None:
@@ -425,7 +423,6 @@ def test_weights_keep_codes_only_where_the_codes_product_beats_onednn(
     finally:
         monkeypatch.undo()
         load_codes_gemm.cache_clear()
-        packed_linear.codes_max_rows.cache_clear()
 
 
 @needs_codes
@@ -464,7 +461,7 @@ def test_the_codes_product_built_for_avx2_decodes_and_sums_the_same(tmp_path: Pa
 
 
 @uses_codes
-@pytest.mark.parametrize("num_tokens", [1, 4, 6, 7, 8, 13, 32])
+@pytest.mark.parametrize("num_tokens", [1, 4, 6, 7, 8, 13, 32, 64])
 def test_the_codes_product_sums_each_output_in_input_order(num_tokens: int) -> None:
     """Where weights keep codes (AVX-512's tile or AVX2's), every output is the float32 sum of
     its products in input order, one rounding per multiply-add: the same bits whichever tile
@@ -518,7 +515,7 @@ def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: i
     residual = torch.randn(num_tokens, 96, generator=gen)
     assert CODES_GEMM is not None
     mkldnn = torch.ops.mkldnn._linear_pointwise
-    if num_tokens <= packed_linear.codes_max_rows():
+    if num_tokens <= packed_linear.SMALL_BATCH:
         expected = CODES_GEMM(x, packed.codes)
         expected_add = CODES_GEMM(x, packed.codes, residual)
     else:
