@@ -51,7 +51,8 @@ def chunk_kernel_beats_torch() -> bool:
     """Whether prefill chunks should take the C kernel on this CPU: with AVX-512. With AVX2
     alone its 16-lane blocks are two registers each and its tiles spill; on an AMD EPYC of
     family 23 (Zen) a float32 prefill of 8 shared-prefix prompts took ~22.5 s with it and
-    ~11.5 s with torch's SDPA (the decode kernel was even there, and stays)."""
+    ~11.5 s with torch's SDPA. (The decode kernel has float32 paths of its own for AVX2 and
+    stays.)"""
     return cpu_has_avx512()
 
 
