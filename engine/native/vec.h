@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -80,12 +80,36 @@ static inline vf16 select16(vi16 mask, vf16 a, vf16 b) {
 static inline vf16 max16(vf16 a, vf16 b) {
 #if defined(__AVX512F__)
     return (vf16)_mm512_max_ps((__m512)a, (__m512)b); /* a > b ? a : b, as below */
+#elif defined(__AVX2__)
+    /* Two halves, each a > b ? a : b (vmaxps); the generic select below became a compare
+     * and a branch per lane with AVX2. */
+    __m256 lo_a, hi_a, lo_b, hi_b;
+    memcpy(&lo_a, &a, 32);
+    memcpy(&hi_a, (const char *)&a + 32, 32);
+    memcpy(&lo_b, &b, 32);
+    memcpy(&hi_b, (const char *)&b + 32, 32);
+    const __m256 lo = _mm256_max_ps(lo_a, lo_b), hi = _mm256_max_ps(hi_a, hi_b);
+    vf16 m;
+    memcpy(&m, &lo, 32);
+    memcpy((char *)&m + 32, &hi, 32);
+    return m;
 #else
     return select16(a > b, a, b);
 #endif
 }
 
 static inline float hmax16(vf16 v) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    __m256 lo, hi;
+    memcpy(&lo, &v, 32);
+    memcpy(&hi, (const char *)&v + 32, 32);
+    __m256 m = _mm256_max_ps(lo, hi);
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_movehdup_ps(q));
+    const float top = _mm_cvtss_f32(q);
+    return top > -INFINITY ? top : -INFINITY; /* NaN-free lanes: the largest, as below */
+#else
     vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
     vf8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
     float m = -INFINITY;
@@ -94,6 +118,7 @@ static inline float hmax16(vf16 v) {
         m = b[i] > m ? b[i] : m;
     }
     return m;
+#endif
 }
 
 /* exp of softmax arguments (x <= 0) on sixteen lanes: Cody-Waite range reduction (x = n ln2 + r,
@@ -111,7 +136,44 @@ static inline vf16 vexp_reduced(vf16 x, vf16 n) {
     return p * r * r + r + 1.0f;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* vexp_nonpositive on eight lanes with AVX2 (the generic sixteen-lane compares and selects
+ * became a compare and a branch per lane there): the same steps, so the same results. */
+static inline __m256 vexp_nonpositive8(__m256 x) {
+    const __m256 floor_ = _mm256_set1_ps(-87.0f);
+    const __m256 keep = _mm256_cmp_ps(x, floor_, _CMP_NLT_UQ);
+    x = _mm256_blendv_ps(floor_, x, keep);
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 n = _mm256_sub_ps(
+        _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    /* vexp_reduced's steps, eight lanes wide. */
+    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f),
+                                     _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
+}
+#endif
+
 static inline vf16 vexp_nonpositive(vf16 x) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    __m256 lo, hi;
+    memcpy(&lo, &x, 32);
+    memcpy(&hi, (const char *)&x + 32, 32);
+    lo = vexp_nonpositive8(lo);
+    hi = vexp_nonpositive8(hi);
+    vf16 e;
+    memcpy(&e, &lo, 32);
+    memcpy((char *)&e + 32, &hi, 32);
+    return e;
+#endif
 #if defined(__AVX512F__)
     /* Lanes below -87 (and -inf) are clamped, then zeroed through a mask register. */
     const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
