@@ -174,11 +174,10 @@ def build_codes_gemm() -> CodesGemm | None:
 def codes_beat_onednn() -> bool:
     """Whether this CPU runs the codes product faster than oneDNN's float32 one: with AVX-512
     (16 columns a register; measured 2x faster at 8 rows on Ice Lake), and with AVX2 on x86,
-    where ``small_gemm.c`` has a path of its own (each run of 32 inputs of a 16-column block
-    decoded once into L1, then multiplied into groups of up to six rows; measured on an AMD
-    EPYC of family 25, 30 layers' projections at 8 rows 29 ms against oneDNN's 51, at 32 rows
-    60-74 against 87-91, at 64 level). Elsewhere (ARM) it was never measured, and oneDNN
-    runs."""
+    where ``small_gemm.c`` has paths of its own (tiles of up to six rows by sixteen columns in
+    8-lane registers; measured on an AMD EPYC of family 25, 30 layers' projections at 8 rows
+    ~25-34 ms against oneDNN's ~55-64, at 32 rows ~76-81 against ~97-117, at 64 level).
+    Elsewhere (ARM) it was never measured, and oneDNN runs."""
     return cpu_has_avx512() or torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 

@@ -97,8 +97,8 @@ static inline void prefetch_block(const char *base, const int32_t *table, int po
  * sums, a head's sixteen-lane accumulators) and spills them in its inner loops. Here a query
  * row stays in up to eight registers and eight keys' partial sums in eight more, the keys read
  * from memory by the multiply-adds themselves; eight sums across lanes take one tree of
- * horizontal adds. Values: one query head's output, up to 64 dimensions, in eight registers,
- * each token's probability broadcast against its V row. */
+ * horizontal adds. Values: three rows by 32 dimensions in twelve registers, each token's
+ * probabilities broadcast against its V row. */
 static const float ZERO_F32_ROW[ATRIUM_MAX_DIM] = {0};
 
 /* Lane t: the sum of the eight lanes of a[t]. */
@@ -229,14 +229,6 @@ static inline __attribute__((always_inline)) void values_avx2(
     }
 }
 
-/* The prefix pass of ``attend_prefix_f32`` (below) for AVX2: the same result, rows one at a
- * time over eight keys at a time (no transposes). */
-static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
-    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
-    const shape_t *s, const int D, float *scores, float *const *out);
-static __attribute__((noinline)) void attend_prefix_f32_avx2(
-    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
-    const shape_t *s, int D, float *scores, float *const *out);
 #endif
 
 /* The c-th 64 bytes of sixteen keys' rows (zero past the first n), transposed: a[j] holds the
@@ -316,6 +308,31 @@ static inline __attribute__((always_inline)) void score_f32(
 #define ATRIUM_DP_ROWS 16
 #define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
 
+#if ATRIUM_DECODE_AVX2
+/* The prefix pass of ``attend_prefix_f32`` (below) for AVX2: the same result, rows one at a
+ * time over eight keys at a time (no transposes). */
+static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
+    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
+    const shape_t *s, const int D, float *scores, float *const *out) {
+    const int pad = (tokens + 15) & ~15;
+    const float *q[ATRIUM_DP_ROWS];
+    for (int r = 0; r < live; r++) q[r] = qb + (size_t)r * D;
+    scores_avx2(q, live, cache_h, table, 0, tokens, pad, PREFIX_AHEAD, s, D, scores);
+    for (int r = 0; r < live; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 0);
+    const int64_t v_bytes = (int64_t)s->page_size * s->num_kv_heads * D * 4;
+    values_avx2(scores, pad, live, cache_h + v_bytes, table, 0, tokens, s, D, NULL, NULL, out);
+}
+
+static __attribute__((noinline)) void attend_prefix_f32_avx2(
+    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
+    const shape_t *s, int D, float *scores, float *const *out) {
+    if (D == 64)
+        attend_prefix_f32_avx2_d(qb, live, cache_h, table, tokens, s, 64, scores, out);
+    else
+        attend_prefix_f32_avx2_d(qb, live, cache_h, table, tokens, s, D, scores, out);
+}
+#endif
+
 static inline __attribute__((always_inline)) void attend_prefix_f32(
     const float *qb, /* R query rows of D values, one after another; rows past ``live`` zero */
     const int R, /* a multiple of 4 (a compile-time constant below, so the rows unroll) */
@@ -381,29 +398,6 @@ static inline __attribute__((always_inline)) void attend_prefix_f32(
             for (int c = 0; c < C; c++) vstore16(out[r0 + r] + 16 * c, o[r][c]);
     }
 }
-
-#if ATRIUM_DECODE_AVX2
-static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
-    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
-    const shape_t *s, const int D, float *scores, float *const *out) {
-    const int pad = (tokens + 15) & ~15;
-    const float *q[ATRIUM_DP_ROWS];
-    for (int r = 0; r < live; r++) q[r] = qb + (size_t)r * D;
-    scores_avx2(q, live, cache_h, table, 0, tokens, pad, PREFIX_AHEAD, s, D, scores);
-    for (int r = 0; r < live; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 0);
-    const int64_t v_bytes = (int64_t)s->page_size * s->num_kv_heads * D * 4;
-    values_avx2(scores, pad, live, cache_h + v_bytes, table, 0, tokens, s, D, NULL, NULL, out);
-}
-
-static __attribute__((noinline)) void attend_prefix_f32_avx2(
-    const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
-    const shape_t *s, int D, float *scores, float *const *out) {
-    if (D == 64)
-        attend_prefix_f32_avx2_d(qb, live, cache_h, table, tokens, s, 64, scores, out);
-    else
-        attend_prefix_f32_avx2_d(qb, live, cache_h, table, tokens, s, D, scores, out);
-}
-#endif
 
 #if ATRIUM_DPBF16
 /* bfloat16 scores of G query heads against every cached token, sixteen tokens at a time: each

@@ -211,18 +211,18 @@ static inline __attribute__((always_inline)) void codes_tile(
 #define ATRIUM_CODES_AVX2 1
 /* With AVX2 alone (sixteen 8-lane registers) the sixteen-lane tile above would hold 12 x 4
  * accumulators in registers that are not there, and spill them on every multiply-add. Here
- * the threads split the 16-column blocks; each run of 32 inputs of a block is decoded once
- * into L1 (2 KB), then multiplied into the rows in groups of up to six (2 R accumulators,
- * the run's two halves and a broadcast input: fifteen registers), whose sums wait in memory
- * between runs. Decoding once per run rather than once per group of rows: 30 layers'
- * projections at 32 rows ~110 -> ~60-74 ms on an AMD EPYC of family 25. Each lane sums its
+ * the threads split the 16-column blocks, and rows go in groups of up to six (2 R
+ * accumulators, the block's two halves and a broadcast input: fifteen registers). Up to
+ * DIRECT_ROWS_AVX2 rows each group decodes the block for itself in registers; past that each
+ * run of 32 inputs of a block is decoded once into L1 (2 KB) and multiplied into every group,
+ * whose sums wait in memory between runs (30 layers' projections at 32 rows ~84 -> ~76 ms on
+ * an AMD EPYC of family 25; at 1-8 rows the direct path is the faster). Each lane sums its
  * products in the same order as the tile above (k ascending, one fused multiply-add each),
- * so both give the same bits. */
+ * so all give the same bits. */
 #define ROWS_AVX2 6
 #define DIRECT_ROWS_AVX2 8 /* rows up to which groups decode for themselves */
 
-/* Steps of up to DIRECT_ROWS_AVX2 rows: R <= 6 rows by one block, each group of rows decoding
- * the block itself in registers (at 1-8 rows faster than going through L1). */
+/* The direct path: R <= 6 rows by one block, decoding the block in registers. */
 static inline __attribute__((always_inline)) void codes_tile_avx2(
     const float *x, int64_t x_stride, const int8_t *codes, const float *scale,
     const float *offset, int64_t K, const float *res, int64_t res_stride, float *out,

@@ -173,7 +173,7 @@ static inline vf16 vexp_nonpositive(vf16 x) {
     memcpy(&e, &lo, 32);
     memcpy((char *)&e + 32, &hi, 32);
     return e;
-#endif
+#else
 #if defined(__AVX512F__)
     /* Lanes below -87 (and -inf) are clamped, then zeroed through a mask register. */
     const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
@@ -190,6 +190,7 @@ static inline vf16 vexp_nonpositive(vf16 x) {
 #else
     const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
     return select16(underflow, splat16(0.0f), p * (vf16)bits);
+#endif
 #endif
 }
 
