@@ -15,7 +15,9 @@ class EngineConfig:
 
     The KV budget is ``num_pages`` when given, else as many pages as ``kv_cache_bytes`` holds.
     ``max_num_batched_tokens`` None means 2048 on CPU and 8192 on CUDA; ``max_model_len`` None
-    means the model's own context length.
+    means the model's own context length. ``speculative_tokens`` is how many tokens a greedy
+    decode may guess from its own context and check in the same step (``engine/speculative.py``;
+    0 turns drafting off), matching the last ``speculative_ngram`` tokens.
     """
 
     page_size: int = 16
@@ -25,6 +27,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_model_len: int | None = None
     enable_prefix_cache: bool = True
+    speculative_tokens: int = 4
+    speculative_ngram: int = 3
     dtype: str = "bfloat16"
     device: str = "cpu"
 
@@ -44,6 +48,10 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError("max_model_len must exceed 1")
+        if not 0 <= self.speculative_tokens <= 64:
+            raise ValueError("speculative_tokens must be between 0 and 64")
+        if self.speculative_ngram <= 0:
+            raise ValueError("speculative_ngram must be positive")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
 

@@ -24,6 +24,7 @@ from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.speculative import NgramDrafter
 from engine.stats import EngineSnapshot, EngineStats
 from radix_cache.errors import IsolationError
 from radix_cache.page_pool import PagePool
@@ -70,7 +71,14 @@ class LLMEngine:
             self.cache = NoPrefixCache(pool, page_size)
         policy = policy or FairSharePolicy()
         policy.bind_prefix_len(self._cached_prefix_len)
-        self.scheduler = Scheduler(self.cache, policy, config.token_budget, config.max_num_seqs)
+        self.drafter = (
+            NgramDrafter(config.speculative_tokens, config.speculative_ngram)
+            if config.speculative_tokens > 0
+            else None
+        )
+        self.scheduler = Scheduler(
+            self.cache, policy, config.token_budget, config.max_num_seqs, self.drafter
+        )
         self._shares: dict[str, float | None] = {}  # per tenant namespace, as last applied
         self.runner = ModelRunner(
             loaded.model,
@@ -216,19 +224,25 @@ class LLMEngine:
             for seq in seqs:
                 outputs.append(self._fail(seq.request, f"model step failed: {exc}"))
             return outputs
-        sampled = [seq.request for seq in seqs if seq.sample]
+        sampled = [seq for seq in seqs if seq.sample]
         t3 = time.perf_counter()
         stats.forward_s += t3 - t2
         token_ids: list[int] = []
         if sampled:
-            params = [r.params for r in sampled]
-            token_ids = self.sampler(logits, params, [r.generator for r in sampled]).token_ids
+            params = []
+            generators = []
+            for seq in sampled:  # a drafted decode has a logits row per draft token too
+                rows = 1 + len(seq.draft)
+                params.extend([seq.request.params] * rows)
+                generators.extend([seq.request.generator] * rows)
+            token_ids = self.sampler(logits, params, generators).token_ids
         t4 = time.perf_counter()
         stats.sample_s += t4 - t3
-        self._count_tokens(out, seqs)
-        self.scheduler.postprocess(out)
-        for request, token_id in zip(sampled, token_ids, strict=True):
-            outputs.append(self._append_token(request, token_id))
+        new_tokens, rejected = self._verify(sampled, token_ids)
+        self._count_tokens(out, seqs, rejected)
+        self.scheduler.postprocess(out, rejected)
+        for seq, tokens in zip(sampled, new_tokens, strict=True):
+            outputs.append(self._append_tokens(seq.request, tokens))
         stats.postprocess_s += time.perf_counter() - t4
         stats.num_steps += 1
         return outputs
@@ -243,10 +257,42 @@ class LLMEngine:
             return False
         return True
 
-    def _count_tokens(self, out: SchedulerOutput, seqs: list[ScheduledSeq]) -> None:
+    def _verify(
+        self, sampled: list[ScheduledSeq], token_ids: list[int]
+    ) -> tuple[list[list[int]], dict[Request, int]]:
+        """Each sampled sequence's new tokens: a draft counts up to the first token the model
+        did not choose, then the model's own choice follows; also the rejected draft tokens per
+        request (their KV is stale)."""
+        new_tokens: list[list[int]] = []
+        rejected: dict[Request, int] = {}
+        row = 0
+        for seq in sampled:
+            draft = seq.draft
+            if not draft:
+                new_tokens.append([token_ids[row]])
+                row += 1
+                continue
+            chosen = token_ids[row : row + len(draft) + 1]
+            num_accepted = 0
+            while num_accepted < len(draft) and draft[num_accepted] == chosen[num_accepted]:
+                num_accepted += 1
+            new_tokens.append(chosen[: num_accepted + 1])
+            rejected[seq.request] = len(draft) - num_accepted
+            if self.drafter is not None:
+                self.drafter.feedback(seq.request, len(draft), num_accepted)
+            self.stats.num_draft_tokens += len(draft)
+            self.stats.num_accepted_draft_tokens += num_accepted
+            row += len(draft) + 1
+        return new_tokens, rejected
+
+    def _count_tokens(
+        self, out: SchedulerOutput, seqs: list[ScheduledSeq], rejected: dict[Request, int]
+    ) -> None:
         for seq in seqs:
             request = seq.request
-            if seq.num_new_tokens == 1 and request.num_output_tokens > 0 and seq.sample:
+            if seq.draft:
+                self.stats.num_decode_tokens += seq.num_new_tokens - rejected.get(request, 0)
+            elif seq.num_new_tokens == 1 and request.num_output_tokens > 0 and seq.sample:
                 self.stats.num_decode_tokens += 1
             else:
                 self.stats.num_prefill_tokens += seq.num_new_tokens
@@ -256,19 +302,31 @@ class LLMEngine:
             ):
                 self.stats.num_cached_tokens += request.num_cached_tokens
 
-    def _append_token(self, request: Request, token_id: int) -> RequestOutput:
-        request.append_token(token_id)
-        self.stats.num_generated_tokens += 1
+    def _append_tokens(self, request: Request, token_ids: list[int]) -> RequestOutput:
+        """Append a step's tokens (more than one when a draft was accepted) until one ends the
+        request; one output carries them all."""
         detokenizer = request.detokenizer
         if detokenizer is None:
             raise RuntimeError("request without detokenizer")
-        text, reason = detokenizer.update(token_id, request.num_output_tokens)
-        if reason is None and request.num_tokens >= self.max_model_len:
-            reason = "length"
-            text += detokenizer.flush()
+        text = ""
+        reason: str | None = None
+        appended: list[int] = []
+        for token_id in token_ids:
+            request.append_token(token_id)
+            appended.append(token_id)
+            self.stats.num_generated_tokens += 1
+            piece, reason = detokenizer.update(token_id, request.num_output_tokens)
+            text += piece
+            if reason is None and request.num_tokens >= self.max_model_len:
+                reason = "length"
+                text += detokenizer.flush()
+            if reason is not None:
+                break
         if reason is None:
-            return self._output(request, [token_id], text, None)
-        return self._finish(request, [token_id], reason, text=text)
+            return self._output(request, appended, text, None)
+        # Accepted draft tokens after the end have KV but are not the request's tokens.
+        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
+        return self._finish(request, appended, reason, text=text)
 
     def _finish(
         self,

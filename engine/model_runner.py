@@ -18,7 +18,8 @@ class StepInputs(NamedTuple):
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampled] int64: last token of each sampled sequence
+    logits_indices: torch.Tensor  # [num_rows] int64: last token of each sampled sequence, and
+    # every row of a drafted decode
 
 
 class ModelRunner:
@@ -60,6 +61,15 @@ class ModelRunner:
             request = seq.request
             start = request.num_computed_tokens
             end = start + seq.num_new_tokens
+            if seq.draft:
+                # The last token and the draft: one decode row each (row i sees the KV up to its
+                # own position), so they attend like decodes, with the request's prefix shared.
+                input_ids.append(request.all_token_ids[start])
+                input_ids.extend(seq.draft)
+                logits_indices.extend(range(len(input_ids) - seq.num_new_tokens, len(input_ids)))
+                slices.extend(SeqSlice(request.block_table, pos, 1) for pos in range(start, end))
+                positions.extend(range(start, end))
+                continue
             input_ids.extend(request.all_token_ids[start:end])
             positions.extend(range(start, end))
             if seq.sample:

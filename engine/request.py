@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.detokenizer import IncrementalDetokenizer
+    from engine.speculative import DraftState
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +54,7 @@ class Request:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    draft_state: DraftState | None = None  # n-gram drafting (engine/speculative.py)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -10,8 +10,9 @@ that cannot get a page preempts the most recently admitted running request.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import structlog
 
@@ -24,8 +25,14 @@ log = structlog.get_logger(__name__)
 
 class ScheduledSeq(NamedTuple):
     request: Request
-    num_new_tokens: int  # tokens of all_token_ids[num_computed:] run this step
+    num_new_tokens: int  # tokens run this step: all_token_ids[num_computed:], then the draft
     sample: bool  # the chunk reaches the end of the sequence: its last logits give a token
+    draft: tuple[int, ...] = ()  # a decode's guessed next tokens, checked by this step's logits
+
+
+class Drafter(Protocol):
+    def propose(self, request: Request, limit: int) -> list[int]:
+        """Up to ``limit`` guessed tokens to follow a decoding request's tokens."""
 
 
 @dataclass(slots=True)
@@ -49,6 +56,7 @@ class Scheduler:
         policy: AdmissionPolicy,
         max_num_batched_tokens: int,
         max_num_seqs: int,
+        drafter: Drafter | None = None,
     ) -> None:
         if max_num_seqs > max_num_batched_tokens:
             raise ValueError("max_num_seqs must not exceed max_num_batched_tokens")
@@ -57,6 +65,7 @@ class Scheduler:
         self.page_size = cache.page_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.drafter = drafter
         self.running: list[Request] = []  # in order of admission
         self.slots: dict[str, int] = {}  # running requests per tenant
         policy.bind_running(self.slots, max_num_seqs)
@@ -93,6 +102,7 @@ class Scheduler:
         prefills = sorted((r for r in self.running if r.num_remaining_tokens > 1), key=key)
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
+        num_decodes = len(out.seqs)
         for request in prefills:
             if budget == 0:
                 break
@@ -102,8 +112,39 @@ class Scheduler:
             budget = self._run(request, budget, out, scheduled)
         if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
             budget = self._admit(out, budget, scheduled)
+        if self.drafter is not None and budget > 0:
+            budget = self._add_drafts(out, num_decodes, budget)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
+
+    def _add_drafts(self, out: SchedulerOutput, num_decodes: int, budget: int) -> int:
+        """Give the step's decodes (the first ``num_decodes`` sequences) drafts from what is
+        left of the budget once every prefill chunk and admission had its share; returns the
+        budget left."""
+        drafter = self.drafter
+        if drafter is None:
+            return budget
+        for i in range(num_decodes):
+            if budget == 0:
+                break
+            seq = out.seqs[i]
+            request = seq.request
+            if request.status is not RequestStatus.RUNNING or request.num_output_tokens == 0:
+                continue
+            # The last of max_tokens is always the model's own: a draft stops one short of it.
+            limit = min(request.params.max_tokens - request.num_output_tokens - 1, budget)
+            if limit <= 0:
+                continue
+            draft = drafter.propose(request, limit)
+            # Pages short of the whole draft: what fits of it runs.
+            num_new = self._num_fitting(request, 1 + len(draft))
+            if num_new <= 1:
+                continue
+            self._grow(request, num_new)
+            out.seqs[i] = ScheduledSeq(request, num_new, True, tuple(draft[: num_new - 1]))
+            self.policy.charge(request, num_new - 1, 0, 0)  # a row each, like prompt tokens
+            budget -= num_new - 1
+        return budget
 
     def _run(self, request: Request, budget: int, out: SchedulerOutput, scheduled: set[str]) -> int:
         """Schedule a running request's next tokens (preempting for pages if it must); returns
@@ -285,14 +326,19 @@ class Scheduler:
 
     # -- state changes after a step ---------------------------------------------------------
 
-    def postprocess(self, out: SchedulerOutput) -> None:
-        """Advance every scheduled sequence; hand completed prefill pages to the cache."""
+    def postprocess(
+        self, out: SchedulerOutput, rejected: Mapping[Request, int] | None = None
+    ) -> None:
+        """Advance every scheduled sequence (less the ``rejected`` tail of its draft, whose KV
+        is overwritten later); hand completed prefill pages to the cache."""
         for seq in out.seqs:
             request = seq.request
             if request.status is not RequestStatus.RUNNING:
                 continue
             was_decode = request.is_decoding and request.num_output_tokens > 0
             request.num_computed_tokens += seq.num_new_tokens
+            if rejected:
+                request.num_computed_tokens -= rejected.get(request, 0)
             num_full = request.num_computed_tokens // self.page_size
             if not was_decode and num_full > request.num_tree_pages:
                 self._cache_pages(request, num_full)

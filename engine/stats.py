@@ -18,7 +18,9 @@ class EngineStats:
     sample_s: float = 0.0
     postprocess_s: float = 0.0
     num_prefill_tokens: int = 0  # prompt (or recomputed) tokens run through the model
-    num_decode_tokens: int = 0  # single-token decode steps run
+    num_decode_tokens: int = 0  # decoded tokens (a decode's own and its accepted draft)
+    num_draft_tokens: int = 0  # guessed tokens checked (engine/speculative.py)
+    num_accepted_draft_tokens: int = 0  # of those, the ones the model would have chosen
     num_generated_tokens: int = 0  # tokens sampled
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     num_preemptions: int = 0
