@@ -60,6 +60,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
+        speculative_tokens=settings.speculative_tokens,
         dtype=settings.resolved_dtype,
         device=device,
     )

@@ -72,6 +72,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--threads", dest="torch_threads", type=int, default=None, help="CPU threads for the model"
     )
+    parser.add_argument(
+        "--speculative-tokens",
+        dest="speculative_tokens",
+        type=int,
+        default=None,
+        help="tokens a greedy decode may guess from its own context per step (default 4; 0: off)",
+    )
     parser.set_defaults(func=run_serve)
 
 

@@ -59,6 +59,15 @@ def test_torch_threads_come_from_the_environment_and_must_be_positive() -> None:
         Settings.load(environ={"ATRIUM_TORCH_THREADS": "0"})
 
 
+def test_speculative_tokens_default_to_four_and_take_zero_to_turn_drafts_off() -> None:
+    assert Settings.load(environ={}).speculative_tokens == 4
+    assert Settings.load(environ={"ATRIUM_SPECULATIVE_TOKENS": "0"}).speculative_tokens == 0
+    assert Settings.load({"speculative_tokens": 8}, environ={}).speculative_tokens == 8
+    for bad in ("-1", "65", "many"):
+        with pytest.raises(SettingsError):
+            Settings.load(environ={"ATRIUM_SPECULATIVE_TOKENS": bad})
+
+
 def test_dtype_auto_is_resolved_for_the_cpu_and_explicit_dtypes_are_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
