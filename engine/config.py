@@ -17,7 +17,7 @@ class EngineConfig:
     ``max_num_batched_tokens`` None means 2048 on CPU and 8192 on CUDA; ``max_model_len`` None
     means the model's own context length. ``speculative_tokens`` is how many tokens a greedy
     decode may guess from its own context and check in the same step (``engine/speculative.py``;
-    0 turns drafting off), matching the last ``speculative_ngram`` tokens.
+    0 turns drafting off), matching the last ``speculative_ngram`` tokens (or at least two).
     """
 
     page_size: int = 16
@@ -50,8 +50,8 @@ class EngineConfig:
             raise ValueError("max_model_len must exceed 1")
         if not 0 <= self.speculative_tokens <= 64:
             raise ValueError("speculative_tokens must be between 0 and 64")
-        if self.speculative_ngram <= 0:
-            raise ValueError("speculative_ngram must be positive")
+        if self.speculative_ngram < 2:
+            raise ValueError("speculative_ngram must be at least 2")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
 

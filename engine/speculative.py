@@ -1,12 +1,13 @@
 """N-gram drafts for greedy decodes: guess a request's next tokens from its own context.
 
-When the last ``ngram`` tokens of a request already occurred earlier in its prompt or output,
-the tokens that followed them then are proposed as the next ones (prompt lookup decoding). The
+When the last ``ngram`` tokens of a request already occurred earlier in its prompt or output
+(or, failing that, its last ``min_ngram`` .. ``ngram - 1`` tokens), the tokens that followed them
+then are proposed as the next ones (prompt lookup decoding). The
 engine runs the last token and the draft in one step, one query row each, and keeps the draft
 up to the first token that greedy decoding would not have chosen, plus the token the model
 chose there: the output is the same as without drafts, in fewer steps.
 
-Each request keeps a dict from n-gram to the index of the token that last followed it, updated
+Each request keeps a dict from n-grams to the index of the token that last followed them, updated
 as tokens arrive, so a proposal costs the request's new tokens since its last one, not its
 length. A request whose draft was rejected outright drafts again only after a pause that
 doubles with each miss (up to ``MAX_PAUSE`` steps), so text that does not repeat costs little.
@@ -38,13 +39,14 @@ class DraftState:
 class NgramDrafter:
     """Proposes up to ``num_tokens`` draft tokens for a greedy decode (see the module doc)."""
 
-    __slots__ = ("ngram", "num_tokens")
+    __slots__ = ("min_ngram", "ngram", "num_tokens")
 
-    def __init__(self, num_tokens: int, ngram: int = 3) -> None:
-        if num_tokens <= 0 or ngram <= 0:
-            raise ValueError("num_tokens and ngram must be positive")
+    def __init__(self, num_tokens: int, ngram: int = 3, min_ngram: int = 2) -> None:
+        if num_tokens <= 0 or min_ngram <= 0 or ngram < min_ngram:
+            raise ValueError("num_tokens and min_ngram must be positive, ngram >= min_ngram")
         self.num_tokens = num_tokens
         self.ngram = ngram
+        self.min_ngram = min_ngram
 
     def propose(self, request: Request, limit: int) -> list[int]:
         """Draft tokens to follow ``request.all_token_ids`` (none when nothing matches), at most
@@ -56,18 +58,21 @@ class NgramDrafter:
         if state is None:
             state = request.draft_state = DraftState()
         tokens = request.all_token_ids
-        n = self.ngram
         length = len(tokens)
         index = state.index
-        for i in range(max(n, state.num_indexed), length):
-            index[tuple(tokens[i - n : i])] = i
+        sizes = range(self.ngram, self.min_ngram - 1, -1)
+        for i in range(max(self.min_ngram, state.num_indexed), length):
+            for n in sizes:
+                if n <= i:
+                    index[tuple(tokens[i - n : i])] = i
         state.num_indexed = length
         if state.pause > 0:
             state.pause -= 1
             return []
-        if length <= n:
-            return []
-        start = index.get(tuple(tokens[length - n :]))
+        start = None
+        for n in sizes:  # the longest match first
+            if n < length and (start := index.get(tuple(tokens[length - n :]))) is not None:
+                break
         if start is None:
             return []
         # What followed the earlier occurrence; past the end the text repeats with the period

@@ -93,9 +93,32 @@ class Attention(nn.Module):
         return project_add(out, self.o_proj.weight, self.o_packed, residual)
 
 
+class Scratch:
+    """One buffer the layers take turns with (each layer's SwiGLU output lives until its down
+    projection has read it); grown to the largest step, so steps reuse memory already mapped."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def rows(self, rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:  # [rows, cols]
+        buffer = self._buffer
+        if (
+            buffer is None
+            or buffer.shape[0] < rows
+            or buffer.shape[1] != cols
+            or buffer.dtype != like.dtype
+            or buffer.device != like.device
+        ):
+            buffer = self._buffer = like.new_empty((rows, cols))
+        return buffer[:rows]
+
+
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, scratch: Scratch | None = None) -> None:
         super().__init__()
+        self.scratch = scratch
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
@@ -108,20 +131,23 @@ class MLP(nn.Module):
         residual: torch.Tensor,  # [num_tokens, hidden]
     ) -> torch.Tensor:  # [num_tokens, hidden]: residual + MLP output
         gate_up = project(x, self.gate_up_proj.weight, self.gate_up_packed)  # [n, 2 * inter]
-        # SwiGLU in place over the gate half (rows strided; the down projection reads them so):
-        # the same element-wise bits as a new tensor, without allocating and faulting one in.
-        hidden = silu(gate_up[:, : self.intermediate_size], inplace=True)
-        hidden.mul_(gate_up[:, self.intermediate_size :])
+        inter = self.intermediate_size
+        # SwiGLU: SiLU in place over the gate half, then the product into contiguous rows of the
+        # shared scratch (oneDNN would copy strided rows first; a new tensor would be mapped and
+        # faulted in every layer). The same element-wise bits either way.
+        gate = silu(gate_up[:, :inter], inplace=True)
+        out = None if self.scratch is None else self.scratch.rows(x.shape[0], inter, gate)
+        hidden = torch.mul(gate, gate_up[:, inter:], out=out)
         return project_add(hidden, self.down_proj.weight, self.down_packed, residual)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, scratch: Scratch | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_id)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, scratch)
 
     def forward(
         self,
@@ -151,7 +177,10 @@ class LlamaForCausalLM(nn.Module):
             config.hidden_size,
             _weight=torch.empty(config.vocab_size, config.hidden_size),
         )
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        scratch = Scratch()
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, scratch) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Linear | None = None
         if not config.tie_word_embeddings:

@@ -50,10 +50,23 @@ def test_past_the_end_the_draft_repeats_with_the_period_of_the_match() -> None:
     assert drafter.propose(request, 7) == [9] * 7
 
 
+def test_a_shorter_ngram_stands_in_when_the_longest_has_no_match() -> None:
+    drafter = NgramDrafter(num_tokens=3, ngram=3, min_ngram=2)
+    # (2, 3, 9) never occurred, (3, 9) did: what followed it.
+    assert drafter.propose(request_with([3, 9, 4, 5, 1, 2, 3, 9]), 3) == [4, 5, 1]
+    # Both occurred: the trigram's continuation wins over the more recent bigram's.
+    request = request_with([7, 3, 9, 1, 1, 3, 9, 2, 2, 7, 3, 9])
+    assert drafter.propose(request, 2) == [1, 1]
+    assert NgramDrafter(num_tokens=2, ngram=2).propose(request, 2) == [2, 2]
+    with pytest.raises(ValueError):
+        NgramDrafter(num_tokens=2, ngram=2, min_ngram=3)
+
+
 def test_no_match_short_contexts_and_sampled_requests_get_no_draft() -> None:
-    drafter = NgramDrafter(num_tokens=4, ngram=3)
+    drafter = NgramDrafter(num_tokens=4, ngram=3, min_ngram=3)
     assert drafter.propose(request_with([1, 2, 3, 4, 5, 6]), 4) == []
     assert drafter.propose(request_with([1, 1, 1]), 4) == []
+    assert NgramDrafter(num_tokens=4, ngram=3).propose(request_with([1, 2, 3, 4, 5, 6]), 4) == []
     sampled = request_with([1, 1, 1, 1, 1], SamplingParams(temperature=0.7, max_tokens=9))
     assert drafter.propose(sampled, 4) == []
     assert drafter.propose(request_with([1, 1, 1, 1, 1]), 0) == []
@@ -69,11 +82,11 @@ def test_the_index_grows_with_new_tokens_only() -> None:
     size = len(state.index)
     request.append_token(7)
     drafter.propose(request, 4)
-    assert state.num_indexed == 501 and len(state.index) <= size + 1
+    assert state.num_indexed == 501 and len(state.index) <= size + 2  # a bigram and a trigram
 
 
 def test_outright_misses_pause_drafting_longer_each_time_and_a_hit_resets() -> None:
-    drafter = NgramDrafter(num_tokens=4, ngram=1)
+    drafter = NgramDrafter(num_tokens=4, ngram=2)
     request = request_with([4, 4, 4, 4])
     assert drafter.propose(request, 4)
     pauses = []
