@@ -19,6 +19,9 @@ class GenerateRequest:
     allow_public_prefix: bool = True
     kv_cache_share: float | None = None  # the tenant's cap on cached pages (fraction of the cache)
     publish: bool = False  # compute the prompt's KV and keep it as a public prefix
+    # Requests the caller has accepted after this one and will hand over shortly (a burst): an
+    # idle engine waits briefly for them so that its first step takes them together.
+    num_following: int = 0
 
 
 @dataclass(frozen=True, slots=True)

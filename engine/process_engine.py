@@ -10,7 +10,9 @@ cache and the ``LLMEngine``. Two one-way pipes join them:
   ``("dead", reason)`` or ``("failed", reason)`` (the model did not load). A reader thread
   hands each output to its request's sink.
 
-The child blocks on its pipe when it has no work and drains it between steps. It ignores SIGINT
+The child blocks on its pipe when it has no work and drains it between steps; when work arrives
+at an idle child and the request says more are following, it takes those too (up to
+``GATHER_S``) before its first step. It ignores SIGINT
 and SIGTERM (the parent drains first, then sends ``stop``) and exits when the parent's end of
 the pipe closes, so it never outlives the gateway.
 """
@@ -38,6 +40,8 @@ from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
+# The longest an idle engine waits for the rest of a burst (GenerateRequest.num_following).
+GATHER_S = 0.05
 
 _ERRORS: dict[str, type[EngineError]] = {
     PromptTooLongError.code: PromptTooLongError,
@@ -101,6 +105,7 @@ class _ChildLoop:
         self.results = results
         self.errors: list[tuple[str, str, str, str | None]] = []
         self.snapshot_at = 0.0
+        self.following = 0  # requests the last one said are on their way
 
     def run(self) -> None:
         engine = self.engine
@@ -108,6 +113,8 @@ class _ChildLoop:
             if not engine.has_unfinished:
                 self._send([], force_snapshot=True)
                 if not self._apply(self.commands.recv()):  # idle: block until work comes
+                    break
+                if not self._gather():
                     break
             stop = False
             while not stop and self.commands.poll():
@@ -120,6 +127,21 @@ class _ChildLoop:
         self._send(outputs, force_snapshot=False)
         self.results.send(("stopped", engine.snapshot()))
 
+    def _gather(self) -> bool:
+        """Work just arrived at an idle engine: while the latest request says more are on their
+        way, take them as they come, for up to GATHER_S, so that the first step runs them
+        together rather than one prompt alone while the rest queue behind it. False means
+        stop."""
+        deadline = time.monotonic() + GATHER_S
+        while self.following > 0:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.commands.poll(left):
+                break
+            if not self._apply(self.commands.recv()):
+                return False
+        self.following = 0
+        return True
+
     def _apply(self, command: tuple[Any, ...]) -> bool:
         """Apply one command; False means stop."""
         kind = command[0]
@@ -129,6 +151,7 @@ class _ChildLoop:
             self.engine.abort(command[1])
             return True
         request: GenerateRequest = command[1]
+        self.following = request.num_following
         try:
             self.engine.add_request(request)
         except EngineError as exc:

@@ -75,22 +75,25 @@ async def list_models(request: Request[Any, Any, Any]) -> schemas.ModelList:
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    principal = await _authenticate(request)
     service = _service(request)
-    body = schemas.decode_body(await request.body(), schemas.ChatCompletionRequest)
-    service.check_model(body.model)
-    schemas.check_n(body.n)
-    messages = schemas.chat_messages(body)
-    service.check_open()
-    prompt_ids = await service.tokenize_chat(messages)
-    requested = body.max_completion_tokens or body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    if body.max_completion_tokens is not None and body.max_completion_tokens <= 0:
-        raise ApiError(400, "max_completion_tokens must be positive", code="invalid_request",
-                       param=param)  # fmt: skip
-    max_tokens = service.resolve_max_tokens(len(prompt_ids), requested, "messages")
-    params = schemas.sampling_params(body, max_tokens)
-    job = await service.admit(principal, "chat", _new_request_id("chatcmpl"), prompt_ids, params)
+    with service.arriving():
+        principal = await _authenticate(request)
+        body = schemas.decode_body(await request.body(), schemas.ChatCompletionRequest)
+        service.check_model(body.model)
+        schemas.check_n(body.n)
+        messages = schemas.chat_messages(body)
+        service.check_open()
+        prompt_ids = await service.tokenize_chat(messages)
+        requested = body.max_completion_tokens or body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        if body.max_completion_tokens is not None and body.max_completion_tokens <= 0:
+            raise ApiError(400, "max_completion_tokens must be positive", code="invalid_request",
+                           param=param)  # fmt: skip
+        max_tokens = service.resolve_max_tokens(len(prompt_ids), requested, "messages")
+        params = schemas.sampling_params(body, max_tokens)
+        job = await service.admit(
+            principal, "chat", _new_request_id("chatcmpl"), prompt_ids, params
+        )
     outputs = service.outputs(job)
     first = await _first(outputs)
     if body.stream:
@@ -114,18 +117,21 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    principal = await _authenticate(request)
     service = _service(request)
-    body = schemas.decode_body(await request.body(), schemas.CompletionRequest)
-    service.check_model(body.model)
-    schemas.check_n(body.n)
-    service.check_open()
-    prompt_ids = await service.tokenize_text(body.prompt)
-    if not prompt_ids:
-        raise ApiError(400, "prompt must not be empty", code="invalid_request", param="prompt")
-    max_tokens = service.resolve_max_tokens(len(prompt_ids), body.max_tokens, "prompt")
-    params = schemas.sampling_params(body, max_tokens)
-    job = await service.admit(principal, "completion", _new_request_id("cmpl"), prompt_ids, params)
+    with service.arriving():
+        principal = await _authenticate(request)
+        body = schemas.decode_body(await request.body(), schemas.CompletionRequest)
+        service.check_model(body.model)
+        schemas.check_n(body.n)
+        service.check_open()
+        prompt_ids = await service.tokenize_text(body.prompt)
+        if not prompt_ids:
+            raise ApiError(400, "prompt must not be empty", code="invalid_request", param="prompt")
+        max_tokens = service.resolve_max_tokens(len(prompt_ids), body.max_tokens, "prompt")
+        params = schemas.sampling_params(body, max_tokens)
+        job = await service.admit(
+            principal, "completion", _new_request_id("cmpl"), prompt_ids, params
+        )
     outputs = service.outputs(job)
     first = await _first(outputs)
     if body.stream:

@@ -7,9 +7,10 @@ client disconnect (which cancels the streaming task) cannot lose it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -103,8 +104,19 @@ class GenerationService:
         self.default_max_tokens_cap = default_max_tokens_cap
         self.retry_after_s = retry_after_s
         self.draining = False
+        self.num_arriving = 0  # requests between their arrival and their hand-off to the engine
         self.active: dict[str, Job] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Count a request from its arrival until it is admitted or refused: the engine learns,
+        with each request, how many others are right behind it."""
+        self.num_arriving += 1
+        try:
+            yield
+        finally:
+            self.num_arriving -= 1
 
     def check_model(self, model: str) -> None:
         if not self.runtime.serves(model):
@@ -181,6 +193,7 @@ class GenerationService:
             tenant_weight=principal.weight,
             allow_public_prefix=principal.allow_public_prefix,
             kv_cache_share=principal.kv_cache_share,
+            num_following=self.num_arriving,
         )
         status = "error"
         try:
