@@ -2,22 +2,28 @@
 
 Each tenant's counter grows by ``(w_in·uncached + w_cached·cached + w_out·output) / weight`` as its
 work runs. The next admission comes from the backlogged tenant with the smallest counter; a tenant
-returning from idle is lifted to the smallest backlogged counter, so idleness is not banked, and
-wins the tie with the tenants at that counter until it is next served. A tenant holding fewer
-running slots than its weighted share of ``max_num_seqs`` goes before every tenant at or above its
-share, so a tenant that floods the engine with requests cannot keep the slots to itself. Inside
-a tenant, the request with the longest cached prefix goes first (measured once, on arrival).
+returning from idle is lifted to the smallest counter among the tenants that are backlogged or
+running (or, when none are, to the largest counter any tenant has reached: an idle engine banks
+nobody's credit), and wins the tie with the tenants at that counter until it is next served. A
+tenant holding fewer running slots than its weighted share of ``max_num_seqs`` goes before every
+tenant at or above its share, so a tenant that floods the engine with requests cannot keep the
+slots to itself. Tenants served ahead of the least-served one take at most their weighted share
+of a step's prefill budget (``prefill_caps``). Inside a tenant, the request with the longest
+cached prefix goes first (measured once, on arrival).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from engine.policy import AdmissionPolicy
 from engine.request import Request
+
+# A capped tenant's share of a step's prefill budget is never below 1/MIN_SHARE_DIVISOR of it.
+MIN_SHARE_DIVISOR = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,7 @@ class FairSharePolicy(AdmissionPolicy):
         self._num_waiting = 0
         self._slots: Mapping[str, int] = {}  # running requests per tenant (the scheduler's)
         self._max_num_seqs = 0
+        self._max_counter = 0.0  # the largest counter reached: the floor of an idle engine
 
     # -- counters -----------------------------------------------------------------------------
 
@@ -80,6 +87,7 @@ class FairSharePolicy(AdmissionPolicy):
         )
         tenant.counter += cost / tenant.weight
         tenant.returning = False
+        self._max_counter = max(self._max_counter, tenant.counter)
 
     def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
         self._prefix_len = prefix_len
@@ -96,10 +104,16 @@ class FairSharePolicy(AdmissionPolicy):
             tenant.weight = request.tenant_weight
         return tenant
 
-    def _min_backlogged(self) -> float | None:
-        if not self._backlogged:
-            return None
-        return min(self._tenants[t].counter for t in self._backlogged)
+    def _active(self) -> set[str]:
+        """Tenants with requests waiting or running."""
+        return self._backlogged | {t for t, n in self._slots.items() if n > 0}
+
+    def _idle_floor(self) -> float:
+        """The counter a tenant back from idle starts at: the smallest of the active tenants'
+        (it gets no credit for its idle time over them), else the largest reached by anyone (an
+        engine that went idle owes nobody anything). O(tenants)."""
+        counters = [self._tenants[t].counter for t in self._active() if t in self._tenants]
+        return min(counters) if counters else self._max_counter
 
     # -- queue --------------------------------------------------------------------------------
 
@@ -119,12 +133,13 @@ class FairSharePolicy(AdmissionPolicy):
 
     def _push(self, request: Request, priority: float) -> None:
         tenant = self._tenant(request)
-        if request.tenant_id not in self._backlogged:
-            floor = self._min_backlogged()
-            if floor is not None and tenant.counter < floor:
+        tenant_id = request.tenant_id
+        if tenant_id not in self._backlogged and not self._slots.get(tenant_id):
+            floor = self._idle_floor()
+            if tenant.counter < floor:
                 tenant.counter = floor  # no credit for time spent idle
                 tenant.returning = True  # but first in line among equals
-            self._backlogged.add(request.tenant_id)
+        self._backlogged.add(tenant_id)
         if id(request) in self._removed:
             # A stale entry of this very request is still in the heap: drop it for good.
             tenant.heap = [entry for entry in tenant.heap if entry[2] is not request]
@@ -134,11 +149,13 @@ class FairSharePolicy(AdmissionPolicy):
         tenant.num_waiting += 1
         self._num_waiting += 1
 
-    def _next_tenant(self) -> _Tenant | None:
+    def _next_tenant(self, skip: Collection[str] = ()) -> _Tenant | None:
         under_share = self._under_share()
         best: _Tenant | None = None
         best_key: tuple[bool, float, bool, int] | None = None
         for tenant_id in self._backlogged:
+            if tenant_id in skip:
+                continue
             tenant = self._tenants[tenant_id]
             self._drop_removed(tenant)
             key = (
@@ -157,7 +174,7 @@ class FairSharePolicy(AdmissionPolicy):
         if not self._max_num_seqs:
             return set()
         slots = self._slots
-        active = self._backlogged | {t for t, n in slots.items() if n > 0}
+        active = self._active()
         total = sum(self._tenants[t].weight for t in active if t in self._tenants)
         if total <= 0:
             return set()
@@ -166,17 +183,38 @@ class FairSharePolicy(AdmissionPolicy):
             t for t in self._backlogged if slots.get(t, 0) < per_weight * self._tenants[t].weight
         }
 
+    def prefill_caps(self, budget: int) -> dict[str, int] | None:
+        """Caps for the tenants served more than the least-served active one: each may run its
+        weighted share of the step's prefill budget (at least ``budget // MIN_SHARE_DIVISOR``),
+        and what it leaves is not handed to another such tenant. Steps stay short while a
+        tenant runs ahead of others, so the next prompt of a tenant behind it waits for one short
+        step, not for a whole budget of the leader's chunks; the least-served tenants, whose
+        work goes first anyway, are not capped. None while fewer than two tenants are active.
+        O(tenants)."""
+        active = [t for t in self._active() if t in self._tenants]
+        if len(active) < 2:
+            return None
+        tenants = [self._tenants[t] for t in active]
+        lowest = min(tenant.counter for tenant in tenants)
+        total_weight = sum(tenant.weight for tenant in tenants)
+        floor = max(1, budget // MIN_SHARE_DIVISOR)
+        return {
+            tenant_id: max(floor, int(budget * tenant.weight / total_weight))
+            for tenant_id, tenant in zip(active, tenants, strict=True)
+            if tenant.counter > lowest
+        }
+
     def _drop_removed(self, tenant: _Tenant) -> None:
         while tenant.heap and id(tenant.heap[0][2]) in self._removed:
             _, _, request = heapq.heappop(tenant.heap)
             self._removed.discard(id(request))
 
-    def peek(self) -> Request | None:
-        tenant = self._next_tenant()
+    def peek(self, skip: Collection[str] = ()) -> Request | None:
+        tenant = self._next_tenant(skip)
         return tenant.heap[0][2] if tenant else None
 
-    def pop(self) -> Request:
-        tenant = self._next_tenant()
+    def pop(self, skip: Collection[str] = ()) -> Request:
+        tenant = self._next_tenant(skip)
         if tenant is None:
             raise IndexError("no waiting request")
         _, _, request = heapq.heappop(tenant.heap)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from engine.request import Request, RequestStatus
 
@@ -21,12 +21,13 @@ class AdmissionPolicy(ABC):
         """Queue a new request."""
 
     @abstractmethod
-    def peek(self) -> Request | None:
+    def peek(self, skip: Collection[str] = ()) -> Request | None:
         """The request that ``pop`` would return, without removing it."""
 
     @abstractmethod
-    def pop(self) -> Request:
-        """Remove and return the next request to admit; IndexError when empty."""
+    def pop(self, skip: Collection[str] = ()) -> Request:
+        """Remove and return the next request to admit, passing over the tenants in ``skip``
+        (those that have had their share of this step); IndexError when none is left."""
 
     @abstractmethod
     def remove(self, request: Request) -> bool:
@@ -58,6 +59,11 @@ class AdmissionPolicy(ABC):
     @abstractmethod
     def waiting(self) -> list[Request]:
         """A snapshot of the queued requests in admission order."""
+
+    def prefill_caps(self, budget: int) -> dict[str, int] | None:
+        """The most prefill tokens each listed tenant may run in a step whose prefill budget is
+        ``budget`` (tenants not listed are not capped); None caps nobody."""
+        return None
 
     def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
         """Receive the engine's cached-prefix measure (used by locality-aware policies)."""
@@ -93,11 +99,19 @@ class FifoPolicy(AdmissionPolicy):
     def add(self, request: Request) -> None:
         self._queue.append(request)
 
-    def peek(self) -> Request | None:
-        return self._queue[0] if self._queue else None
+    def peek(self, skip: Collection[str] = ()) -> Request | None:
+        if not skip:
+            return self._queue[0] if self._queue else None
+        return next((r for r in self._queue if r.tenant_id not in skip), None)
 
-    def pop(self) -> Request:
-        return self._queue.popleft()
+    def pop(self, skip: Collection[str] = ()) -> Request:
+        request = self.peek(skip)
+        if request is None:
+            raise IndexError("no waiting request")
+        if request is self._queue[0]:
+            return self._queue.popleft()
+        self._queue.remove(request)
+        return request
 
     def remove(self, request: Request) -> bool:
         try:

@@ -1,7 +1,10 @@
 """The step scheduler: decodes first, then prefill chunks and admissions, under a token budget.
 
 Prefill chunks run in the policy's service order, and a waiting request that comes before a
-chunk in that order (a less-served tenant's, under fair share) is admitted ahead of it.
+chunk in that order (a less-served tenant's, under fair share) is admitted ahead of it. The policy
+may cap what a tenant's prefill takes of a step (``prefill_caps``): under fair share, tenants
+served ahead of the least-served one get their weighted share of the budget, so a step stays
+short and the next prompt of a tenant behind them waits for one short step.
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
@@ -103,15 +106,20 @@ class Scheduler:
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
         num_decodes = len(out.seqs)
+        # Tenants served ahead of others take at most their share of the prefill budget.
+        caps = self.policy.prefill_caps(budget)
         for request in prefills:
             if budget == 0:
                 break
             if len(out.preempted) == num_fair_preemptions:
                 # A waiting request of a less-served tenant is admitted before this chunk runs.
-                budget = self._admit(out, budget, scheduled, before=request)
-            budget = self._run(request, budget, out, scheduled)
+                budget = self._admit(out, budget, scheduled, caps, before=request)
+            allowed = _allowed(budget, caps, request.tenant_id)
+            used = allowed - self._run(request, allowed, out, scheduled)
+            _spend(caps, request.tenant_id, used)
+            budget -= used
         if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
-            budget = self._admit(out, budget, scheduled)
+            budget = self._admit(out, budget, scheduled, caps)
         if self.drafter is not None and budget > 0:
             budget = self._add_drafts(out, num_decodes, budget)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
@@ -210,15 +218,18 @@ class Scheduler:
         out: SchedulerOutput,
         budget: int,
         scheduled: set[str],
+        caps: dict[str, int] | None = None,
         before: Request | None = None,
     ) -> int:
-        """Admit waiting requests in the policy's order while budget and slots last; with
-        ``before`` (a running prefill), only those that come ahead of it: a lower service key,
-        or an equal one of another tenant (a tenant back from idle is lifted to the counter of
-        the tenant that kept the engine busy, and must not queue behind that tenant's chunks)."""
+        """Admit waiting requests in the policy's order while budget and slots last, each
+        tenant within its cap (``caps``, spent in place); with ``before`` (a running prefill),
+        only those that come ahead of it: a lower service key, or an equal one of another tenant
+        (a tenant back from idle is lifted to the counter of the tenant that kept the engine
+        busy, and must not queue behind that tenant's chunks)."""
         deferred: list[Request] = []
+        skip = {t for t, cap in caps.items() if cap <= 0} if caps else set()
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.policy.peek()
+            request = self.policy.peek(skip)
             if request is None:
                 break
             if before is not None and not self._comes_before(request, before):
@@ -230,13 +241,13 @@ class Scheduler:
             if self._follows_inflight_prefill(request, match.num_tokens):
                 # Its prefix is being computed right now: it reuses it in a later step, and the
                 # requests behind it (other prefixes) are not held up meanwhile.
-                deferred.append(self.policy.pop())
+                deferred.append(self.policy.pop(skip))
                 continue
             self.cache.lock(match.node)
             request.block_table = list(match.page_ids)
             request.num_tree_pages = len(match.page_ids)
             request.num_computed_tokens = match.num_tokens
-            want = min(request.num_remaining_tokens, budget)
+            want = min(request.num_remaining_tokens, _allowed(budget, caps, request.tenant_id))
             num_new = self._num_fitting(request, want)
             if num_new == 0:
                 self.cache.unlock(match.node)
@@ -244,7 +255,7 @@ class Scheduler:
                 request.num_tree_pages = 0
                 request.num_computed_tokens = 0
                 break
-            self.policy.pop()
+            self.policy.pop(skip)
             request.cache_node = match.node
             first_admission = request.num_cached_tokens < 0
             if first_admission:
@@ -257,6 +268,8 @@ class Scheduler:
             self._grow(request, num_new)
             self._add_seq(out, request, num_new, scheduled)
             budget -= num_new
+            if _spend(caps, request.tenant_id, num_new):
+                skip.add(request.tenant_id)
             num_cached = request.num_cached_tokens if first_admission else 0
             self.policy.charge(request, num_new, num_cached, 0)
         for request in reversed(deferred):
@@ -413,3 +426,18 @@ class Scheduler:
         request.block_table[:num_full] = result.page_ids
         request.cache_node = result.node
         request.num_tree_pages = num_full
+
+
+def _allowed(budget: int, caps: dict[str, int] | None, tenant_id: str) -> int:
+    """What a tenant's prefill may take of the step's ``budget`` under ``caps``."""
+    if caps is None or tenant_id not in caps:
+        return budget
+    return min(budget, caps[tenant_id])
+
+
+def _spend(caps: dict[str, int] | None, tenant_id: str, num_tokens: int) -> bool:
+    """Charge a tenant's prefill tokens to its cap; True when that used the cap up."""
+    if caps is None or tenant_id not in caps:
+        return False
+    caps[tenant_id] -= num_tokens
+    return caps[tenant_id] <= 0

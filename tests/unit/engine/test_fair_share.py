@@ -105,6 +105,79 @@ def test_a_tenant_under_its_slot_share_goes_before_the_tenant_holding_the_slots(
     assert policy.pop().tenant_id == "flood"  # quiet has nothing left waiting
 
 
+def test_a_tenant_arriving_at_an_idle_engine_gets_no_credit_for_what_others_were_served() -> None:
+    policy = FairSharePolicy()
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=8)
+    for _ in range(10):
+        policy.add(make_request("old"))
+    serve(policy, steps=10, cost=10)  # old is charged 200, then the engine goes idle
+    assert len(policy) == 0
+    policy.add(make_request("new"))  # nobody waits or runs: lifted to the largest counter
+    assert policy.counter("new") == policy.counter("old") == 200
+    for _ in range(9):
+        policy.add(make_request("new"))
+    for _ in range(10):
+        policy.add(make_request("old"))
+    served = serve(policy, steps=10, cost=10)
+    assert served == {"new": 50, "old": 50}  # they alternate from the first turn
+
+
+def test_a_tenant_returning_while_another_only_runs_is_lifted_to_the_running_one() -> None:
+    policy = FairSharePolicy()
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=8)
+    busy = make_request("busy")
+    policy.add(busy)
+    policy.pop()
+    slots["busy"] = 1  # running, nothing waiting
+    policy.charge(busy, 300, 0, 20)
+    back = make_request("back")
+    policy.add(back)
+    assert policy.counter("back") == policy.counter("busy") == 340
+    policy.charge(back, 100, 0, 0)
+    policy.add(make_request("back"))
+    # busy never went idle: its next request keeps its counter (it is not lifted to back's).
+    policy.add(make_request("busy"))
+    assert policy.counter("busy") == 340
+    assert policy.pop().tenant_id == "busy"
+
+
+def test_prefill_caps_hold_tenants_ahead_of_the_least_served_to_their_weighted_share() -> None:
+    policy = FairSharePolicy()
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=8)
+    lead = make_request("lead", weight=2.0)
+    policy.add(lead)
+    assert policy.prefill_caps(2048) is None  # one active tenant: nothing to protect
+    for tenant in ("mid", "low"):
+        policy.add(make_request(tenant))
+    assert policy.prefill_caps(2048) == {}  # level counters: nobody is ahead
+    policy.charge(lead, 100, 0, 0)
+    policy.charge(make_request("mid"), 10, 0, 0)
+    # Weights 2 : 1 : 1 of 2048; the least served ("low") is not capped.
+    assert policy.prefill_caps(2048) == {"lead": 1024, "mid": 512}
+    for i in range(20):
+        policy.add(make_request(f"other{i}"))
+        policy.charge(make_request(f"other{i}"), 500, 0, 0)
+    caps = policy.prefill_caps(2048)
+    assert caps is not None and caps["mid"] == 2048 // 8  # never below an eighth
+    assert "low" not in caps
+
+
+def test_prefill_caps_count_running_tenants_as_active() -> None:
+    policy = FairSharePolicy()
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=8)
+    flood = make_request("flood")
+    policy.add(flood)
+    policy.charge(flood, 1000, 0, 0)
+    slots["quiet"] = 1  # only decoding: nothing waiting, but active
+    quiet = make_request("quiet")
+    policy.charge(quiet, 50, 0, 0)
+    assert policy.prefill_caps(1000) == {"flood": 500}
+
+
 def test_longest_cached_prefix_first_within_a_tenant() -> None:
     lengths = {}
     policy = FairSharePolicy(prefix_len=lambda r: lengths[r.request_id])

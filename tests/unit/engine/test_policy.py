@@ -27,3 +27,16 @@ def test_fifo_order_with_requeue_and_remove() -> None:
     assert policy.peek() is None
     with pytest.raises(IndexError):
         policy.pop()
+
+
+def test_fifo_passes_over_skipped_tenants_in_order() -> None:
+    policy = FifoPolicy()
+    a, b, c = make("a", "t"), make("b", "t"), make("c", "u")
+    for r in (a, b, c):
+        policy.add(r)
+    assert policy.peek({"t"}) is c and policy.pop({"t"}) is c
+    assert policy.peek({"t"}) is None
+    with pytest.raises(IndexError):
+        policy.pop({"t"})
+    assert policy.pop(()) is a and policy.pop({"u"}) is b and len(policy) == 0
+    assert policy.prefill_caps(2048) is None  # first come, first served: nobody is capped

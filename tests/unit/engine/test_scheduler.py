@@ -319,6 +319,39 @@ def test_a_less_served_tenants_prompt_runs_before_a_flooders_remaining_chunks(fa
     sim.assert_no_leaks()
 
 
+def test_a_flooders_chunks_take_only_its_share_while_a_less_served_tenant_is_active() -> None:
+    sim = Simulation(
+        make_cache(False, 1024, 4), budget=64, max_num_seqs=8, policy=FairSharePolicy()
+    )
+    quiet = sim.add("quiet0", [1, 2, 3, 4, 5], max_tokens=12, tenant="quiet")
+    sim.step()
+    floods = [sim.add(f"flood{i}", list(range(i, i + 100)), 2, tenant="flood") for i in range(4)]
+    flood_prefill: list[int] = []
+    second: Request | None = None
+    while quiet.num_output_tokens < 12 or second is None or not second.is_finished:
+        if quiet.num_output_tokens == 6 and second is None:
+            second = sim.add("quiet1", list(range(300, 340)), max_tokens=2, tenant="quiet")
+            out = sim.step()
+            # The less-served tenant's whole prompt runs in the step after it arrives.
+            assert [s.num_new_tokens for s in out.seqs if s.request is second] == [40]
+            continue
+        out = sim.step()
+        flood_prefill.append(
+            sum(
+                s.num_new_tokens
+                for s in out.seqs
+                if s.request.tenant_id == "flood" and not s.sample
+            )
+        )
+    # Level counters on the first step; then ahead of quiet, the flood gets half the budget
+    # (after the decode's token), and so steps stay short.
+    assert flood_prefill[0] > 32
+    assert max(flood_prefill[1:]) <= 31
+    sim.run()
+    assert all(f.num_output_tokens == 2 for f in floods)
+    sim.assert_no_leaks()
+
+
 def test_a_tenant_under_its_slot_share_gets_a_slot_within_a_step_of_arriving() -> None:
     sim = Simulation(make_cache(True, 512, 4), budget=64, max_num_seqs=4, policy=FairSharePolicy())
     floods = [sim.add(f"flood{i}", [i, 1, 2, 3, 4], 40, tenant="flood") for i in range(8)]
