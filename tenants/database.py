@@ -93,6 +93,10 @@ def _sqlite_on_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+# PostgreSQL connections kept open (as many more may be opened for a burst).
+DEFAULT_POOL_SIZE = 10
+
+
 class Database:
     """One engine and its session factory; create with ``await Database.connect(url)``."""
 
@@ -105,7 +109,7 @@ class Database:
         cls,
         url: str,
         *,
-        pool_size: int = 10,
+        pool_size: int = DEFAULT_POOL_SIZE,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         command_timeout_s: float = COMMAND_TIMEOUT_S,
     ) -> Database:

@@ -175,6 +175,7 @@ def create_app(
                 provider.get_tracer("atrium.web"),
                 default_max_tokens_cap=settings.default_max_tokens_cap,
                 retry_after_s=settings.retry_after_s,
+                admission_concurrency=admission_concurrency(settings.database_url),
             )
             app.state.tenancy = tenancy
             app.state.generation = service
@@ -196,3 +197,11 @@ def create_app(
         request_max_body_size=settings.max_body_bytes,
         logging_config=None,
     )
+
+
+def admission_concurrency(database_url: str) -> int:
+    """Admissions let through to the database at once: SQLite runs one transaction at a time
+    (a single connection), PostgreSQL one per pooled connection."""
+    from tenants.database import DEFAULT_POOL_SIZE
+
+    return 1 if database_url.startswith("sqlite") else DEFAULT_POOL_SIZE

@@ -22,6 +22,7 @@ from engine.errors import PromptTooLongError
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from web.errors import ApiError, unavailable
+from web.fair_gate import FairGate
 from web.metrics import GatewayMetrics
 from web.tenancy import Principal, Tenancy, Ticket, UsageRecord
 from web.tracing import RequestSpans
@@ -96,6 +97,7 @@ class GenerationService:
         *,
         default_max_tokens_cap: int = 1024,
         retry_after_s: float = 1.0,
+        admission_concurrency: int = 1,
     ) -> None:
         self.runtime = runtime
         self.tenancy = tenancy
@@ -105,6 +107,8 @@ class GenerationService:
         self.retry_after_s = retry_after_s
         self.draining = False
         self.num_arriving = 0  # requests between their arrival and their hand-off to the engine
+        # Admissions in flight at once; past that, tenants take turns (web/fair_gate.py).
+        self.admission_gate = FairGate(admission_concurrency)
         self.active: dict[str, Job] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -168,9 +172,10 @@ class GenerationService:
     ) -> Job:
         self.check_open()
         params.validate()
-        ticket = await self.tenancy.admit(
-            principal, request_id, len(prompt_token_ids), params.max_tokens
-        )
+        async with self.admission_gate.hold(principal.tenant_id):
+            ticket = await self.tenancy.admit(
+                principal, request_id, len(prompt_token_ids), params.max_tokens
+            )
         spans = RequestSpans(
             self.tracer,
             f"generate {endpoint}",
