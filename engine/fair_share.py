@@ -7,8 +7,9 @@ running (or, when none are, to the largest counter any tenant has reached: an id
 nobody's credit), and wins the tie with the tenants at that counter until it is next served. A
 tenant holding fewer running slots than its weighted share of ``max_num_seqs`` goes before every
 tenant at or above its share, so a tenant that floods the engine with requests cannot keep the
-slots to itself. Tenants served ahead of the least-served one take at most their weighted share
-of a step's prefill budget (``prefill_caps``). Inside a tenant, the request with the longest
+slots to itself. Among tenants level on all of that, the one with the fewest requests waiting
+or running goes first. Tenants served ahead of the least-served one take at most their weighted
+share of a step's prefill budget (``prefill_caps``). Inside a tenant, the request with the longest
 cached prefix goes first (measured once, on arrival).
 """
 
@@ -152,7 +153,8 @@ class FairSharePolicy(AdmissionPolicy):
     def _next_tenant(self, skip: Collection[str] = ()) -> _Tenant | None:
         under_share = self._under_share()
         best: _Tenant | None = None
-        best_key: tuple[bool, float, bool, int] | None = None
+        best_key: tuple[bool, float, bool, int, int] | None = None
+        slots = self._slots
         for tenant_id in self._backlogged:
             if tenant_id in skip:
                 continue
@@ -162,6 +164,9 @@ class FairSharePolicy(AdmissionPolicy):
                 tenant_id not in under_share,
                 tenant.counter,
                 not tenant.returning,
+                # Among equals, the tenant with the fewest requests in the engine goes first:
+                # a round of turns serves the small queues before the flood's.
+                tenant.num_waiting + slots.get(tenant_id, 0),
                 tenant.heap[0][1],
             )
             if best_key is None or key < best_key:

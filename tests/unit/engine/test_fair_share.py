@@ -178,6 +178,22 @@ def test_prefill_caps_count_running_tenants_as_active() -> None:
     assert policy.prefill_caps(1000) == {"flood": 500}
 
 
+def test_among_level_tenants_the_smaller_queue_goes_first_and_the_flood_keeps_its_turns() -> None:
+    policy = FairSharePolicy()
+    for _ in range(40):
+        policy.add(make_request("flood"))  # arrived first
+    for tenant in ("a", "b"):
+        for _ in range(4):
+            policy.add(make_request(tenant))
+    order = []
+    for _ in range(9):
+        request = policy.pop()
+        policy.charge(request, 256, 0, 0)
+        order.append(request.tenant_id)
+    # Each round serves every tenant once; the small queues first, the flood last.
+    assert order == ["a", "b", "flood"] * 3
+
+
 def test_longest_cached_prefix_first_within_a_tenant() -> None:
     lengths = {}
     policy = FairSharePolicy(prefix_len=lambda r: lengths[r.request_id])
