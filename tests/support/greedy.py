@@ -13,6 +13,18 @@ from engine.sampling_params import SamplingParams
 from radix_cache.radix_prefix_cache import RadixPrefixCache
 
 
+def run_all(engine: LLMEngine) -> dict[str, list[RequestOutput]]:
+    """Step ``engine`` until nothing is unfinished (at most 10,000 steps); outputs by request."""
+    outputs: dict[str, list[RequestOutput]] = {}
+    for _ in range(10_000):
+        if not engine.has_unfinished:
+            break
+        for output in engine.step():
+            outputs.setdefault(output.request_id, []).append(output)
+    assert not engine.has_unfinished
+    return outputs
+
+
 def run_greedy(
     engine: LLMEngine, prompts: list[list[int]], num_new: int, tag: str = "r", tenant: str = "t"
 ) -> tuple[list[list[int]], list[RequestOutput]]:

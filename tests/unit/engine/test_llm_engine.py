@@ -15,6 +15,7 @@ from engine.model.loader import LoadedModel, load_model
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from radix_cache.radix_prefix_cache import RadixPrefixCache
+from tests.support.greedy import run_all
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -29,17 +30,6 @@ def make_engine(tiny: LoadedModel, **overrides: object) -> LLMEngine:
     options.update(overrides)
     factory = options.pop("factory", None)
     return LLMEngine(tiny, EngineConfig(**options), prefix_cache_factory=factory)  # type: ignore[arg-type]
-
-
-def run_all(engine: LLMEngine) -> dict[str, list[RequestOutput]]:
-    outputs: dict[str, list[RequestOutput]] = {}
-    for _ in range(10_000):
-        if not engine.has_unfinished:
-            break
-        for output in engine.step():
-            outputs.setdefault(output.request_id, []).append(output)
-    assert not engine.has_unfinished
-    return outputs
 
 
 def tokens_of(outputs: list[RequestOutput]) -> list[int]:

@@ -16,6 +16,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.speculative import MAX_PAUSE, NgramDrafter
 from radix_cache.radix_prefix_cache import RadixPrefixCache
+from tests.support.greedy import run_all
 
 
 def request_with(tokens: list[int], params: SamplingParams | None = None) -> Request:
@@ -123,14 +124,7 @@ def run(
     )
     for i, prompt in enumerate(prompts):
         engine.add_request(GenerateRequest(f"r{i}", prompt, params, tenant_id=f"t{i % 2}"))
-    outputs: dict[str, list[RequestOutput]] = {}
-    for _ in range(10_000):
-        if not engine.has_unfinished:
-            break
-        for output in engine.step():
-            outputs.setdefault(output.request_id, []).append(output)
-    assert not engine.has_unfinished
-    return outputs, engine
+    return run_all(engine), engine
 
 
 def repetitive_prompts(n: int, seed: int = 0) -> list[list[int]]:
