@@ -57,7 +57,7 @@ def _build_torch(spec: BackendSpec) -> AttentionBackend:
     if spec.device.type == "cpu" and kernels_support(
         spec.dtype, spec.num_q_heads, spec.num_kv_heads, spec.head_dim
     ):
-        chunks = load_chunk_kernel() if chunk_kernel_beats_torch() else None
+        chunks = load_chunk_kernel() if chunk_kernel_beats_torch(spec.dtype) else None
         return TorchAttentionBackend(load_decode_kernel(), chunks)
     return TorchAttentionBackend()
 

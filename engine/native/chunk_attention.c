@@ -283,6 +283,161 @@ static inline __attribute__((always_inline)) void attend_tile(
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define ATRIUM_CHUNK_AVX2 1
+#define HALF 24 /* rows a pass of the AVX2 tile keeps in registers: three 8-float vectors */
+/* float32 keys and values past the end of a block of four: zero rows. */
+static const float ATRIUM_ZERO_F32[ATRIUM_MAX_DIM] = {0};
+/* Keeps an eight-float vector in a register from here on (as ATRIUM_IN_REGISTER does with
+ * AVX-512): left alone, the compiler read the pass's query and probability vectors from memory
+ * again in each of their four multiply-adds, and the loads, not the multiply-adds, set the
+ * pace. */
+#define ATRIUM_PIN8(x) __asm__("" : "+x"(x))
+
+/* The float32 tile with AVX2 alone (sixteen 8-float registers): the sixteen-lane code above
+ * would keep 4 x 3 vectors of sixteen floats, 24 registers, and spill them on every
+ * multiply-add. Here the tile's rows go in passes of HALF (a pass over rows that are all
+ * padding is skipped): scores for four keys by 24 rows are twelve accumulators, the pass's
+ * three query vectors and a broadcast key value; the output four head dims by 24 rows, the
+ * pass's three probability vectors and a broadcast value. K and V are read from their pages
+ * as they lie (no widening to copy). Each score and output sums in the same order as the
+ * sixteen-lane code (head dims ascending, then keys ascending), with the same masks and
+ * online softmax. */
+static inline __attribute__((always_inline)) void attend_tile_avx2(
+    const args_t *a, const int32_t *table, int qo_len, int kv_len, int pos0, int tq, int row0,
+    int kvh, const scratch_t *w, const int D) {
+    const int G = a->group;
+    const int R = tq * G;
+    const int passes = (R + HALF - 1) / HALF;
+    const int nv = passes * HALF / 8; /* eight-row vectors the softmax covers */
+    const int64_t tok_bytes = (int64_t)a->num_kv_heads * D * 4;
+    const int64_t v_offset = (int64_t)a->page_size * a->num_kv_heads * D; /* elements */
+    const char *head = a->cache + (size_t)kvh * D * 4;
+    const int first_lim = kv_len - qo_len + pos0;
+    const int kv_end = first_lim + tq;
+    float *qt = w->qt, *ot = w->ot, *s = w->s;
+    float *m = w->m, *l = w->l, *alpha = w->alpha;
+    int *lim = w->lim;
+    const __m256 scale = _mm256_set1_ps(a->scale);
+
+    for (int r = 0; r < ROWS; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        const int p = r / G, g = r % G;
+        lim[r] = r < R ? first_lim + p : kv_end - 1;
+        const float *src = (const float *)a->q + (size_t)(row0 + p) * (size_t)a->q_row_stride +
+                           (size_t)(kvh * G + g) * D;
+        for (int d = 0; d < D; d++) qt[d * ROWS + r] = r < R ? src[d] : 0.0f;
+    }
+    memset(ot, 0, sizeof(float) * (size_t)D * ROWS);
+    memset(s, 0, sizeof(float) * (size_t)KB * ROWS); /* rows no pass writes stay finite */
+
+    for (int k0 = 0; k0 < kv_end; k0 += KB) {
+        const int nk = kv_end - k0 < KB ? kv_end - k0 : KB;
+        const int nk4 = (nk + 3) & ~3;
+        const char *krow[KB];
+        paged_rows(head, table, k0, nk, a->page_size, tok_bytes, 2 * v_offset * 4, krow);
+        for (int j = nk; j < nk4; j++) krow[j] = (const char *)ATRIUM_ZERO_F32;
+
+        /* Scores: s[j][r] = scale * k_j . q_r, four keys by one pass of rows at a time. */
+        for (int j = 0; j < nk4; j += 4) {
+            const float *k[4];
+            for (int jj = 0; jj < 4; jj++) k[jj] = (const float *)krow[j + jj];
+            for (int h = 0; h < passes; h++) {
+                __m256 acc[4][3];
+                for (int jj = 0; jj < 4; jj++)
+                    for (int v = 0; v < 3; v++) acc[jj][v] = _mm256_setzero_ps();
+                const float *qh = qt + HALF * h;
+                for (int d = 0; d < D; d++) {
+                    __m256 q0 = _mm256_loadu_ps(qh + d * ROWS);
+                    __m256 q1 = _mm256_loadu_ps(qh + d * ROWS + 8);
+                    __m256 q2 = _mm256_loadu_ps(qh + d * ROWS + 16);
+                    ATRIUM_PIN8(q0);
+                    ATRIUM_PIN8(q1);
+                    ATRIUM_PIN8(q2);
+                    for (int jj = 0; jj < 4; jj++) {
+                        const __m256 kd = _mm256_broadcast_ss(k[jj] + d);
+                        acc[jj][0] = _mm256_fmadd_ps(kd, q0, acc[jj][0]);
+                        acc[jj][1] = _mm256_fmadd_ps(kd, q1, acc[jj][1]);
+                        acc[jj][2] = _mm256_fmadd_ps(kd, q2, acc[jj][2]);
+                    }
+                }
+                for (int jj = 0; jj < 4; jj++)
+                    for (int v = 0; v < 3; v++)
+                        _mm256_storeu_ps(s + (j + jj) * ROWS + HALF * h + 8 * v,
+                                         _mm256_mul_ps(acc[jj][v], scale));
+            }
+        }
+        /* Keys past a row's position, and past the block, are masked out. */
+        if (k0 + KB - 1 > first_lim) {
+            for (int j = 0; j < KB; j++)
+                for (int r = 0; r < ROWS; r++)
+                    if (j >= nk || k0 + j > lim[r]) s[j * ROWS + r] = -INFINITY;
+        }
+
+        /* Online softmax, eight rows at a time. */
+        for (int v = 0; v < nv; v++) {
+            const __m256 old = _mm256_loadu_ps(m + 8 * v);
+            __m256 peak = old;
+            for (int j = 0; j < KB; j++) peak = _mm256_max_ps(peak, _mm256_loadu_ps(s + j * ROWS + 8 * v));
+            const __m256 rescale = vexp_nonpositive8(_mm256_sub_ps(old, peak));
+            __m256 total = _mm256_mul_ps(_mm256_loadu_ps(l + 8 * v), rescale);
+            for (int j = 0; j < KB; j++) {
+                const __m256 e =
+                    vexp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + j * ROWS + 8 * v), peak));
+                total = _mm256_add_ps(total, e);
+                _mm256_storeu_ps(s + j * ROWS + 8 * v, e);
+            }
+            _mm256_storeu_ps(m + 8 * v, peak);
+            _mm256_storeu_ps(l + 8 * v, total);
+            _mm256_storeu_ps(alpha + 8 * v, rescale);
+        }
+
+        /* Output: rescale by the new max, then add the block's probability-weighted V, four
+         * head dims by one pass of rows at a time. */
+        const float *vrow[KB];
+        for (int j = 0; j < nk; j++) vrow[j] = (const float *)krow[j] + v_offset;
+        for (int d = 0; d < D; d += 4)
+            for (int h = 0; h < passes; h++) {
+                __m256 acc[4][3];
+                const __m256 al[3] = {_mm256_loadu_ps(alpha + HALF * h),
+                                      _mm256_loadu_ps(alpha + HALF * h + 8),
+                                      _mm256_loadu_ps(alpha + HALF * h + 16)};
+                for (int dd = 0; dd < 4; dd++)
+                    for (int v = 0; v < 3; v++)
+                        acc[dd][v] = _mm256_mul_ps(
+                            _mm256_loadu_ps(ot + (d + dd) * ROWS + HALF * h + 8 * v), al[v]);
+                for (int j = 0; j < nk; j++) {
+                    const float *sj = s + j * ROWS + HALF * h;
+                    __m256 p0 = _mm256_loadu_ps(sj), p1 = _mm256_loadu_ps(sj + 8),
+                           p2 = _mm256_loadu_ps(sj + 16);
+                    ATRIUM_PIN8(p0);
+                    ATRIUM_PIN8(p1);
+                    ATRIUM_PIN8(p2);
+                    for (int dd = 0; dd < 4; dd++) {
+                        const __m256 vd = _mm256_broadcast_ss(vrow[j] + d + dd);
+                        acc[dd][0] = _mm256_fmadd_ps(vd, p0, acc[dd][0]);
+                        acc[dd][1] = _mm256_fmadd_ps(vd, p1, acc[dd][1]);
+                        acc[dd][2] = _mm256_fmadd_ps(vd, p2, acc[dd][2]);
+                    }
+                }
+                for (int dd = 0; dd < 4; dd++)
+                    for (int v = 0; v < 3; v++)
+                        _mm256_storeu_ps(ot + (d + dd) * ROWS + HALF * h + 8 * v, acc[dd][v]);
+            }
+    }
+
+    for (int r = 0; r < R; r++) {
+        const int p = r / G, g = r % G;
+        const float inv = 1.0f / l[r];
+        float *dst = (float *)a->out + ((size_t)(row0 + p) * a->num_heads + (size_t)(kvh * G + g)) * D;
+        for (int d = 0; d < D; d++) dst[d] = ot[d * ROWS + r] * inv;
+    }
+}
+#else
+#define ATRIUM_CHUNK_AVX2 0
+#endif
+
 #if ATRIUM_AMX
 /* The bfloat16 tile on AMX (amx.h): the same tile, masks, online softmax and rounding as
  * above, the two products as tile products over blocks of 32 keys. */
@@ -401,6 +556,17 @@ int atrium_chunk_attention(
 #endif
 #define TILE(D, BF, DP) \
     attend_tile(&a, table, q_lens[c], kv_lens[c], pos0, n, q_starts[c] + pos0, kvh, &w, D, BF, DP)
+#if ATRIUM_CHUNK_AVX2
+            if (!bf16) {
+                if (head_dim == 64)
+                    attend_tile_avx2(&a, table, q_lens[c], kv_lens[c], pos0, n, q_starts[c] + pos0, kvh, &w, 64);
+                else if (head_dim == 128)
+                    attend_tile_avx2(&a, table, q_lens[c], kv_lens[c], pos0, n, q_starts[c] + pos0, kvh, &w, 128);
+                else
+                    attend_tile_avx2(&a, table, q_lens[c], kv_lens[c], pos0, n, q_starts[c] + pos0, kvh, &w, head_dim);
+                continue;
+            }
+#endif
             if (head_dim == 64 && bf16)
                 TILE(64, 1, ATRIUM_DPBF16);
             else if (head_dim == 64)

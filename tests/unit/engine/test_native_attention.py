@@ -149,18 +149,25 @@ def test_the_cpu_backend_uses_the_kernels_where_they_apply() -> None:
         backend = create_backend(cpu, model(head_dim), page_size=16, dtype=dtype)
         assert isinstance(backend, TorchAttentionBackend)
         assert backend.native_decode is expected, (dtype, head_dim)
-        chunks = expected and load_chunk_kernel() is not None and chunk_kernel_beats_torch()
+        chunks = expected and load_chunk_kernel() is not None and chunk_kernel_beats_torch(dtype)
         assert backend.native_chunks is chunks
 
 
 def test_prefill_chunks_take_the_kernel_only_where_it_beats_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """AVX-512: both dtypes. AVX2 alone: float32 (its own eight-lane tile), not bfloat16."""
     config = model(16)
-    for capability, expected in (("AVX2", False), ("DEFAULT", False), ("AVX512", True)):
+    for capability, dtype, expected in (
+        ("AVX2", torch.float32, True),
+        ("AVX2", torch.bfloat16, False),
+        ("DEFAULT", torch.float32, False),
+        ("AVX512", torch.float32, True),
+        ("AVX512", torch.bfloat16, True),
+    ):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
-        assert chunk_kernel_beats_torch() is expected
-        backend = create_backend(torch.device("cpu"), config, page_size=16, dtype=torch.float32)
+        assert chunk_kernel_beats_torch(dtype) is expected, (capability, dtype)
+        backend = create_backend(torch.device("cpu"), config, page_size=16, dtype=dtype)
         assert isinstance(backend, TorchAttentionBackend)
         assert backend.native_chunks is (expected and load_chunk_kernel() is not None)
         assert backend.native_decode is (KERNEL is not None)  # decodes take it everywhere

@@ -256,3 +256,35 @@ def test_amx_tiles_agree_with_pair_dot_products(
         exact = causal_attention(q[row : row + n], k, v)
         torch.testing.assert_close(outs[0][row : row + n].double(), exact, atol=2e-2, rtol=2e-2)
         row += n
+
+
+@pytest.fixture(scope="module")
+def avx2_chunk_kernel(tmp_path_factory: pytest.TempPathFactory) -> ChunkKernel | None:
+    """The chunk kernel as built for an x86 CPU with AVX2 and no AVX-512 (its float32 tile of
+    eight-lane registers), where this CPU can run that build."""
+    return try_load_chunk_kernel(tmp_path_factory.mktemp("avx2"), ("-march=x86-64-v3",))
+
+
+@needs_kernel
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64")
+    or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+    reason="x86 with AVX-512 only (on an AVX2-only CPU the native build is that build, which "
+    "the float32 tests above check; elsewhere it cannot run)",
+)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 8, 64), (32, 2, 16)])
+def test_the_avx2_build_matches_causal_attention_in_float32(
+    avx2_chunk_kernel: ChunkKernel | None, heads: int, kv_heads: int, dim: int
+) -> None:
+    """Built for AVX2 without AVX-512, float32 chunks (tiles of one pass of rows and of two,
+    over cached tokens and fresh) still match exact attention within float32 rounding."""
+    assert avx2_chunk_kernel is not None
+    shapes = [(0, 2), (0, 37), (13, 60), (100, 7), (0, 130), (17, 16)]
+    q, out, keys, values = run_chunks(
+        shapes, heads, kv_heads, dim, 4, torch.float32, seed=dim + 5, kernel=avx2_chunk_kernel
+    )
+    row = 0
+    for (_, n), k, v in zip(shapes, keys, values, strict=True):
+        expected = causal_attention(q[row : row + n], k, v)
+        torch.testing.assert_close(out[row : row + n].double(), expected, atol=3e-6, rtol=1e-5)
+        row += n
