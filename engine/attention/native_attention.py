@@ -51,9 +51,10 @@ def chunk_kernel_beats_torch(dtype: torch.dtype = torch.float32) -> bool:
     """Whether prefill chunks in ``dtype`` should take the C kernel on this CPU: with AVX-512
     always; with AVX2 alone in float32, which has a tile of its own there (eight-lane vectors,
     rows in passes of 24; on an AMD EPYC of family 25, float32, 32 chunks of 64 tokens over
-    512 cached ones 1.6-1.8x and four fresh 512-token prompts 2.0-2.3x as fast as torch's SDPA). bfloat16 with AVX2 alone would run the
-    sixteen-lane tile, two registers a vector, which spills (on an AMD EPYC of family 23 a
-    prefill of 8 shared-prefix prompts took ~22.5 s with it and ~11.5 s with SDPA)."""
+    512 cached ones 1.6-1.8x and four fresh 512-token prompts 2.0-2.3x as fast as torch's
+    SDPA). bfloat16 with AVX2 alone would run the sixteen-lane tile, two registers a vector,
+    which spills (on an AMD EPYC of family 23 a prefill of 8 shared-prefix prompts took ~22.5 s
+    with it and ~11.5 s with SDPA)."""
     if cpu_has_avx512():
         return True
     return torch.backends.cpu.get_cpu_capability() == "AVX2" and dtype == torch.float32

@@ -74,7 +74,8 @@ class Attention(nn.Module):
         rope: RopeTables,
         backend: AttentionBackend,
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
-    ) -> torch.Tensor:  # [num_tokens, hidden]: residual + attention output
+        rows: torch.Tensor | None = None,  # [num_out] int64: the only rows returned, or all
+    ) -> torch.Tensor:  # [num_out, hidden]: residual + attention output
         n, d = x.shape[0], self.head_dim
         qkv_proj = self.qkv_proj
         qkv = project(x, qkv_proj.weight, self.qkv_packed, qkv_proj.bias)  # [n, q + 2 * kv]
@@ -90,6 +91,8 @@ class Attention(nn.Module):
         v = qkv[:, qk_end:].view(n, self.num_kv_heads, d)
         out = backend.forward(self.layer_id, q, k, v, kv_cache)  # [num_tokens, heads, head_dim]
         out = out.reshape(n, self.q_size)
+        if rows is not None:  # every row's K/V is written above; only these go on
+            out, residual = out.index_select(0, rows), residual.index_select(0, rows)
         return project_add(out, self.o_proj.weight, self.o_packed, residual)
 
 
@@ -155,8 +158,9 @@ class DecoderLayer(nn.Module):
         rope: RopeTables,
         backend: AttentionBackend,
         kv_cache: torch.Tensor,
-    ) -> torch.Tensor:  # [num_tokens, hidden]
-        x = self.self_attn(self.input_layernorm(x), x, rope, backend, kv_cache)
+        rows: torch.Tensor | None = None,  # [num_out] int64: the only rows returned, or all
+    ) -> torch.Tensor:  # [num_out, hidden]
+        x = self.self_attn(self.input_layernorm(x), x, rope, backend, kv_cache, rows)
         out: torch.Tensor = self.mlp(self.post_attention_layernorm(x), x)
         return out
 
@@ -259,7 +263,11 @@ class LlamaForCausalLM(nn.Module):
             self.rope_sin.index_select(0, positions).unsqueeze(1),
         )
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, backend, kv_cache)
-        x = self.norm(x.index_select(0, logits_indices))  # [num_logits, hidden]
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            # The last layer runs its output projection and MLP on the sampled rows alone: the
+            # other rows' K/V are all that later steps read of them (a prefill chunk's rows
+            # but its last, ~3% of a prefill step's products).
+            x = layer(x, rope, backend, kv_cache, logits_indices if i == last else None)
+        x = self.norm(x)  # [num_logits, hidden]
         return project(x, self.output_weight, self.output_packed).float()  # [num_logits, vocab]

@@ -64,6 +64,41 @@ def test_whole_prompt_matches_transformers(ours: LoadedModel, hf: HFLlama) -> No
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
 
 
+def test_the_last_layer_runs_only_the_sampled_rows(ours: LoadedModel, hf: HFLlama) -> None:
+    """The last layer's output projection and MLP take only the rows whose logits are asked
+    for; every row's K/V is still written (the cache equals the all-rows run's), the logits
+    asked for equal those rows of transformers', and a step that samples nothing returns none."""
+    tokens = random_tokens(37, seed=4)
+    meta = build_attention_metadata([SeqSlice([1, 3, 0], 0, len(tokens))], page_size=16)
+    caches = []
+    outputs = []
+    for rows in (
+        torch.arange(len(tokens)),
+        torch.tensor([36, 5, 20]),
+        torch.tensor([], dtype=torch.int64),
+    ):
+        runner = PagedRunner(ours.model, TorchAttentionBackend(), num_pages=4, page_size=16)
+        outputs.append(
+            ours.model(
+                torch.tensor(tokens),
+                torch.arange(len(tokens)),
+                meta,
+                runner.backend,
+                runner.kv_caches,
+                rows,
+            )
+        )
+        caches.append(runner.kv_caches)
+    every, some, none = outputs
+    expected = hf_logits(hf, tokens)
+    torch.testing.assert_close(some, expected[[36, 5, 20]], atol=ATOL, rtol=0)
+    torch.testing.assert_close(some, every[[36, 5, 20]], atol=1e-5, rtol=0)
+    assert none.shape == (0, expected.shape[1])
+    for cache in caches[1:]:
+        for theirs, mine in zip(caches[0], cache, strict=True):
+            assert torch.equal(theirs[[1, 3, 0]], mine[[1, 3, 0]])
+
+
 @pytest.mark.parametrize("page_size", [4, 16])
 @pytest.mark.parametrize("chunk_sizes", [[1, 2, 3, 5, 8, 13, 21], [7, 7, 7, 7, 7, 7, 7, 11]])
 def test_chunked_prefill_over_shuffled_pages(
