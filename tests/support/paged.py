@@ -3,6 +3,7 @@ with known K/V for the attention kernels' tests."""
 
 from __future__ import annotations
 
+import platform
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,14 @@ from engine.model.llama import LlamaForCausalLM
 
 # Whether this CPU has AMX tiles (the bfloat16 attention kernels then multiply through them).
 HAS_AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+# Extra compiler flags that build the native kernels as for an x86 CPU with AVX2 and no
+# AVX-512, and whether this CPU can run such a build while its own build is another (x86 with
+# AVX-512; on an AVX2-only CPU the native build already is that one).
+AVX2_BUILD_FLAGS = ("-march=x86-64-v3",)
+RUNS_AN_AVX2_BUILD_APART = platform.machine() in (
+    "x86_64",
+    "AMD64",
+) and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 @dataclass(slots=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,8 @@ from engine.model.native_ops import SOURCE as LAYER_OPS_SOURCE
 from engine.native import build
 from engine.native.build import build_library, native_enabled, try_load
 from tests.support.paged import (
+    AVX2_BUILD_FLAGS,
+    RUNS_AN_AVX2_BUILD_APART,
     causal_attention,
     csr,
     filled_cache,
@@ -320,13 +321,12 @@ def test_float32_decodes_over_a_shared_prefix_attend_it_together(
 def avx2_decode_kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeKernel | None:
     """The decode kernel as built for an x86 CPU with AVX2 and no AVX-512 (its float32 paths
     of eight-lane registers), where this CPU can run that build."""
-    return try_load_decode_kernel(tmp_path_factory.mktemp("avx2"), ("-march=x86-64-v3",))
+    return try_load_decode_kernel(tmp_path_factory.mktemp("avx2"), AVX2_BUILD_FLAGS)
 
 
 @needs_kernel
 @pytest.mark.skipif(
-    platform.machine() not in ("x86_64", "AMD64")
-    or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+    not RUNS_AN_AVX2_BUILD_APART,
     reason="x86 with AVX-512 only (on an AVX2-only CPU the native build is that build, which "
     "the float32 tests above check; elsewhere it cannot run)",
 )

@@ -18,7 +18,14 @@ from engine.attention.native_attention import (
     try_load_decode_kernel,
 )
 from engine.attention.torch_backend import TorchAttentionBackend
-from tests.support.paged import HAS_AMX, causal_attention, csr, filled_cache
+from tests.support.paged import (
+    AVX2_BUILD_FLAGS,
+    HAS_AMX,
+    RUNS_AN_AVX2_BUILD_APART,
+    causal_attention,
+    csr,
+    filled_cache,
+)
 
 KERNEL = load_chunk_kernel()
 HAS_AVX512_BF16 = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
@@ -262,13 +269,12 @@ def test_amx_tiles_agree_with_pair_dot_products(
 def avx2_chunk_kernel(tmp_path_factory: pytest.TempPathFactory) -> ChunkKernel | None:
     """The chunk kernel as built for an x86 CPU with AVX2 and no AVX-512 (its float32 tile of
     eight-lane registers), where this CPU can run that build."""
-    return try_load_chunk_kernel(tmp_path_factory.mktemp("avx2"), ("-march=x86-64-v3",))
+    return try_load_chunk_kernel(tmp_path_factory.mktemp("avx2"), AVX2_BUILD_FLAGS)
 
 
 @needs_kernel
 @pytest.mark.skipif(
-    platform.machine() not in ("x86_64", "AMD64")
-    or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+    not RUNS_AN_AVX2_BUILD_APART,
     reason="x86 with AVX-512 only (on an AVX2-only CPU the native build is that build, which "
     "the float32 tests above check; elsewhere it cannot run)",
 )
