@@ -47,7 +47,7 @@ def kernels_support(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_
     )
 
 
-def chunk_kernel_beats_torch(dtype: torch.dtype = torch.float32) -> bool:
+def chunk_kernel_beats_torch(dtype: torch.dtype) -> bool:
     """Whether prefill chunks in ``dtype`` should take the C kernel on this CPU: with AVX-512
     always; with AVX2 alone in float32, which has a tile of its own there (eight-lane vectors,
     rows in passes of 24; on an AMD EPYC of family 25, float32, 32 chunks of 64 tokens over

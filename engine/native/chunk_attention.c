@@ -71,6 +71,16 @@ static void scratch_bind(scratch_t *w, float *base, int head_dim) {
     w->lim = (int *)(w->alpha + ROWS);
 }
 
+/* Keys past a row's position (its ``lim``), and past the block's ``nk`` keys, are masked out of
+ * a block's scores s [KB][ROWS]; only a block that reaches past the tile's first query's last
+ * key (``first_lim``) has any. */
+static inline void mask_block(float *s, const int *lim, int k0, int nk, int first_lim) {
+    if (k0 + KB - 1 <= first_lim) return;
+    for (int j = 0; j < KB; j++)
+        for (int r = 0; r < ROWS; r++)
+            if (j >= nk || k0 + j > lim[r]) s[j * ROWS + r] = -INFINITY;
+}
+
 /* One tile: ``tq`` query positions from position ``pos0`` of a chunk whose first token is
  * row ``row0`` of q/out; one KV head. ``D``, ``BF`` and ``DP`` (bfloat16 pair dot products:
  * Q, K, P and V multiplied as bfloat16 pairs, products exact, sums in float32, nothing
@@ -181,12 +191,7 @@ static inline __attribute__((always_inline)) void attend_tile(
                         vstore16(s + (j + jj) * ROWS + 16 * v, acc[jj][v] * a->scale);
             }
         }
-        /* Keys past a row's position, and past the block, are masked out. */
-        if (k0 + KB - 1 > first_lim) {
-            for (int j = 0; j < KB; j++)
-                for (int r = 0; r < ROWS; r++)
-                    if (j >= nk || k0 + j > lim[r]) s[j * ROWS + r] = -INFINITY;
-        }
+        mask_block(s, lim, k0, nk, first_lim);
 
         /* Online softmax, sixteen rows at a time. */
         for (int v = 0; v < NV; v++) {
@@ -330,7 +335,6 @@ static inline __attribute__((always_inline)) void attend_tile_avx2(
         for (int d = 0; d < D; d++) qt[d * ROWS + r] = r < R ? src[d] : 0.0f;
     }
     memset(ot, 0, sizeof(float) * (size_t)D * ROWS);
-    memset(s, 0, sizeof(float) * (size_t)KB * ROWS); /* rows no pass writes stay finite */
 
     for (int k0 = 0; k0 < kv_end; k0 += KB) {
         const int nk = kv_end - k0 < KB ? kv_end - k0 : KB;
@@ -368,12 +372,7 @@ static inline __attribute__((always_inline)) void attend_tile_avx2(
                                          _mm256_mul_ps(acc[jj][v], scale));
             }
         }
-        /* Keys past a row's position, and past the block, are masked out. */
-        if (k0 + KB - 1 > first_lim) {
-            for (int j = 0; j < KB; j++)
-                for (int r = 0; r < ROWS; r++)
-                    if (j >= nk || k0 + j > lim[r]) s[j * ROWS + r] = -INFINITY;
-        }
+        mask_block(s, lim, k0, nk, first_lim);
 
         /* Online softmax, eight rows at a time. */
         for (int v = 0; v < nv; v++) {

@@ -25,10 +25,10 @@ from engine.native import build
 from engine.native.build import build_library, native_enabled, try_load
 from tests.support.paged import (
     AVX2_BUILD_FLAGS,
-    RUNS_AN_AVX2_BUILD_APART,
     causal_attention,
     csr,
     filled_cache,
+    needs_avx2_build_apart,
     shared_prefix_cache,
 )
 
@@ -325,11 +325,7 @@ def avx2_decode_kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeKernel
 
 
 @needs_kernel
-@pytest.mark.skipif(
-    not RUNS_AN_AVX2_BUILD_APART,
-    reason="x86 with AVX-512 only (on an AVX2-only CPU the native build is that build, which "
-    "the float32 tests above check; elsewhere it cannot run)",
-)
+@needs_avx2_build_apart
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 2, 80)])
 def test_the_avx2_build_attends_float32_decodes_alone_and_in_groups(
     avx2_decode_kernel: DecodeKernel | None, heads: int, kv_heads: int, dim: int

@@ -21,10 +21,10 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from tests.support.paged import (
     AVX2_BUILD_FLAGS,
     HAS_AMX,
-    RUNS_AN_AVX2_BUILD_APART,
     causal_attention,
     csr,
     filled_cache,
+    needs_avx2_build_apart,
 )
 
 KERNEL = load_chunk_kernel()
@@ -273,11 +273,7 @@ def avx2_chunk_kernel(tmp_path_factory: pytest.TempPathFactory) -> ChunkKernel |
 
 
 @needs_kernel
-@pytest.mark.skipif(
-    not RUNS_AN_AVX2_BUILD_APART,
-    reason="x86 with AVX-512 only (on an AVX2-only CPU the native build is that build, which "
-    "the float32 tests above check; elsewhere it cannot run)",
-)
+@needs_avx2_build_apart
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 8, 64), (32, 2, 16)])
 def test_the_avx2_build_matches_causal_attention_in_float32(
     avx2_chunk_kernel: ChunkKernel | None, heads: int, kv_heads: int, dim: int

@@ -4,7 +4,6 @@ float32 weights kept as block codes, decoded exactly."""
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ from engine.model.packed_linear import (
     project_add,
 )
 from engine.native.build import try_load
-from tests.support.paged import PagedRunner, PagedSeq
+from tests.support.paged import AVX2_BUILD_FLAGS, PagedRunner, PagedSeq, needs_avx2_build_apart
 
 BF16_PACKING = packing_supported(torch.empty(1, dtype=torch.bfloat16))
 F32_PACKING = packing_supported(torch.empty(1, dtype=torch.float32))
@@ -438,16 +437,11 @@ def test_the_codes_product_decodes_each_weight_exactly() -> None:
 
 
 @needs_codes
-@pytest.mark.skipif(
-    platform.machine() not in ("x86_64", "AMD64")
-    or not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
-    reason="x86 builds only, on a CPU with AVX-512 (elsewhere the native build is the AVX2 one, "
-    "which the tests above check)",
-)
+@needs_avx2_build_apart
 def test_the_codes_product_built_for_avx2_decodes_and_sums_the_same(tmp_path: Path) -> None:
     """Built for AVX2 CPUs (no AVX-512: two 8-lane halves per 16 columns), the product still
     decodes every weight exactly and gives the float32 projection."""
-    avx2 = try_load(SMALL_GEMM_SOURCE, CodesGemm, tmp_path, ("-march=x86-64-v3",))
+    avx2 = try_load(SMALL_GEMM_SOURCE, CodesGemm, tmp_path, AVX2_BUILD_FLAGS)
     assert avx2 is not None
     gen = torch.Generator().manual_seed(8)
     weight = gguf_rounded(torch.randn(48, 64, generator=gen), "Q4_1")
