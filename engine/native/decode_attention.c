@@ -305,7 +305,10 @@ static inline __attribute__((always_inline)) void score_f32(
  * scores are D multiply-adds with no sums across lanes; every key and value is read once for
  * all the rows. The result is what ``attend_item`` carries in as its prior: per row the output
  * weighted by exp(score - max), then the max and the sum of those weights. */
-#define ATRIUM_DP_ROWS 16
+/* 24 rows: eight decodes of three query heads per KV head (SmolLM2's grouping) make one item,
+ * so a group of eight reads and transposes its prefix once (with 16 rows it went in items of
+ * five and three members, the prefix read twice; ~15% of the kernel's time at 32 decodes). */
+#define ATRIUM_DP_ROWS 24
 #define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
 
 #if ATRIUM_DECODE_AVX2
@@ -781,6 +784,8 @@ static void attend_dispatch(ITEM_ARGS, int G, int D, int bf16) {
     PREFIX_ROWS(NAME, PASS, Q, 8)                                                               \
     PREFIX_ROWS(NAME, PASS, Q, 12)                                                              \
     PREFIX_ROWS(NAME, PASS, Q, 16)                                                              \
+    PREFIX_ROWS(NAME, PASS, Q, 20)                                                              \
+    PREFIX_ROWS(NAME, PASS, Q, 24)                                                              \
     static __attribute__((noinline)) void NAME##_any(PREFIX_ARGS(Q), int R4, int D) {           \
         PASS(q, R4, live, cache_h, table, tokens, s, D, scratch, out);                          \
     }                                                                                           \
@@ -790,7 +795,9 @@ static void attend_dispatch(ITEM_ARGS, int G, int D, int bf16) {
                 case 4: NAME##_4(q, live, cache_h, table, tokens, s, scratch, out); return;     \
                 case 8: NAME##_8(q, live, cache_h, table, tokens, s, scratch, out); return;     \
                 case 12: NAME##_12(q, live, cache_h, table, tokens, s, scratch, out); return;   \
-                default: NAME##_16(q, live, cache_h, table, tokens, s, scratch, out); return;   \
+                case 16: NAME##_16(q, live, cache_h, table, tokens, s, scratch, out); return;   \
+                case 20: NAME##_20(q, live, cache_h, table, tokens, s, scratch, out); return;   \
+                default: NAME##_24(q, live, cache_h, table, tokens, s, scratch, out); return;   \
             }                                                                                   \
         }                                                                                       \
         NAME##_any(q, live, cache_h, table, tokens, s, scratch, out, R4, D);                    \
