@@ -87,6 +87,8 @@ static inline void prefetch_block(const char *base, const int32_t *table, int po
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #define ATRIUM_DECODE_AVX2 1
 #include <immintrin.h>
+/* Keeps ``x`` in a register (read by several multiply-adds, not loaded again by each). */
+#define ATRIUM_PIN8(x) __asm__("" : "+x"(x))
 #else
 #define ATRIUM_DECODE_AVX2 0
 #endif
@@ -98,7 +100,8 @@ static inline void prefetch_block(const char *base, const int32_t *table, int po
  * row stays in up to eight registers and eight keys' partial sums in eight more, the keys read
  * from memory by the multiply-adds themselves; eight sums across lanes take one tree of
  * horizontal adds. Values: three rows by 32 dimensions in twelve registers, each token's
- * probabilities broadcast against its V row. */
+ * probabilities broadcast against its V row. That is each decode's own tokens (a few rows); a
+ * group's shared prefix (up to 24 rows) has a pass of its own, attend_prefix_f32_avx2_d. */
 static const float ZERO_F32_ROW[ATRIUM_MAX_DIM] = {0};
 
 /* Lane t: the sum of the eight lanes of a[t]. */
@@ -135,6 +138,32 @@ static inline __attribute__((always_inline)) void dots8(const float *const *q, i
         _mm256_storeu_ps(scores + (int64_t)r * stride,
                          _mm256_blendv_ps(none, _mm256_mul_ps(sum_lanes8(a), scaled), live));
     }
+}
+
+/* A row of ``pad`` scores (a multiple of 16): its largest score, and the weights exp(score -
+ * top) written over it with their sum returned. The generic code's steps and sums, sixteen
+ * lanes as two registers (see vec.h). */
+static inline float row_max_avx2(const float *sr, int pad) {
+    __m256 lo = _mm256_set1_ps(-INFINITY), hi = lo;
+    for (int t = 0; t < pad; t += 16) {
+        lo = _mm256_max_ps(lo, _mm256_loadu_ps(sr + t));
+        hi = _mm256_max_ps(hi, _mm256_loadu_ps(sr + t + 8));
+    }
+    return hmax8(_mm256_max_ps(lo, hi));
+}
+
+static inline float row_weights_avx2(float *sr, int pad, float top_s) {
+    const __m256 top = _mm256_set1_ps(top_s);
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (int t = 0; t < pad; t += 16) {
+        const __m256 e0 = vexp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(sr + t), top));
+        const __m256 e1 = vexp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(sr + t + 8), top));
+        lo = _mm256_add_ps(lo, e0);
+        hi = _mm256_add_ps(hi, e1);
+        _mm256_storeu_ps(sr + t, e0);
+        _mm256_storeu_ps(sr + t + 8, e1);
+    }
+    return hsum8x2(lo, hi);
 }
 
 /* Scores of R query rows against tokens first .. first + tokens - 1 of a table's sequence, to
@@ -312,18 +341,124 @@ static inline __attribute__((always_inline)) void score_f32(
 #define PREFIX_AHEAD 2 /* blocks of sixteen keys (or values) fetched ahead of use */
 
 #if ATRIUM_DECODE_AVX2
-/* The prefix pass of ``attend_prefix_f32`` (below) for AVX2: the same result, rows one at a
- * time over eight keys at a time (no transposes). */
+/* The prefix pass of ``attend_prefix_f32`` (below) for AVX2, laid out like the chunk kernel's
+ * AVX2 tile: the rows transposed, eight to a register (three for 24 rows), so that four keys'
+ * scores are twelve accumulators fed by broadcast key values, and four head dims of the output
+ * likewise by broadcast values, with no sums across lanes (rows one at a time against eight
+ * keys took eighteen loads and a tree of horizontal adds per twelve multiply-adds). The scores
+ * are kept key by key (24 to a key), the softmax runs down the lanes, and V is applied in
+ * blocks of PF_TOKENS keys whose scores stay in L1. */
+#define PF_ROWS 24   /* rows of a pass: three 8-lane registers; ATRIUM_DP_ROWS at most */
+#define PF_TOKENS 64 /* keys of a value block */
+_Static_assert(PF_ROWS == ATRIUM_DP_ROWS, "an item's rows fill one pass, its scores the scratch");
 static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
     const float *qb, int live, const char *cache_h, const int32_t *table, int tokens,
     const shape_t *s, const int D, float *scores, float *const *out) {
-    const int pad = (tokens + 15) & ~15;
-    const float *q[ATRIUM_DP_ROWS];
-    for (int r = 0; r < live; r++) q[r] = qb + (size_t)r * D;
-    scores_avx2(q, live, cache_h, table, 0, tokens, pad, PREFIX_AHEAD, s, D, scores);
-    for (int r = 0; r < live; r++) prefix_weights(scores + (size_t)r * pad, pad, out[r] + D, 0);
-    const int64_t v_bytes = (int64_t)s->page_size * s->num_kv_heads * D * 4;
-    values_avx2(scores, pad, live, cache_h + v_bytes, table, 0, tokens, s, D, NULL, NULL, out);
+    const int64_t tok_bytes = (int64_t)s->num_kv_heads * D * 4;
+    const int64_t v_bytes = (int64_t)s->page_size * tok_bytes, page_bytes = 2 * v_bytes;
+    const int tokens4 = (tokens + 3) & ~3;
+    float qt[ATRIUM_MAX_DIM * PF_ROWS] __attribute__((aligned(32)));
+    float ot[ATRIUM_MAX_DIM * PF_ROWS] __attribute__((aligned(32)));
+    for (int d = 0; d < D; d++)
+        for (int r = 0; r < PF_ROWS; r++)
+            qt[d * PF_ROWS + r] = r < live ? qb[(size_t)r * D + d] : 0.0f;
+
+    /* Scores: scores[t * PF_ROWS + r] = scale * k_t . q_r, keys past ``tokens`` -inf. */
+    const __m256 scale = _mm256_set1_ps(s->scale);
+    for (int t0 = 0; t0 < tokens; t0 += 16) {
+        const int n = tokens - t0 < 16 ? tokens - t0 : 16, n4 = (n + 3) & ~3;
+        const char *rows[16];
+        paged_rows(cache_h, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        prefetch_block(cache_h, table, t0 + 16 * PREFIX_AHEAD, tokens, s, tok_bytes, D * 4);
+        for (int t = 0; t < n; t++)
+            for (int line = 0; line < D * 4; line += 64)
+                __builtin_prefetch(rows[t] + v_bytes + line, 0, 3); /* V, for the value pass */
+        for (int t = n; t < n4; t++) rows[t] = (const char *)ZERO_F32_ROW;
+        for (int j = 0; j < n4; j += 4) {
+            const float *k[4];
+            for (int jj = 0; jj < 4; jj++) k[jj] = (const float *)rows[j + jj];
+            __m256 acc[4][3];
+            for (int jj = 0; jj < 4; jj++)
+                for (int v = 0; v < 3; v++) acc[jj][v] = _mm256_setzero_ps();
+            for (int d = 0; d < D; d++) {
+                __m256 q0 = _mm256_load_ps(qt + d * PF_ROWS), q1 = _mm256_load_ps(qt + d * PF_ROWS + 8),
+                       q2 = _mm256_load_ps(qt + d * PF_ROWS + 16);
+                ATRIUM_PIN8(q0);
+                ATRIUM_PIN8(q1);
+                ATRIUM_PIN8(q2);
+                for (int jj = 0; jj < 4; jj++) {
+                    const __m256 kd = _mm256_broadcast_ss(k[jj] + d);
+                    acc[jj][0] = _mm256_fmadd_ps(kd, q0, acc[jj][0]);
+                    acc[jj][1] = _mm256_fmadd_ps(kd, q1, acc[jj][1]);
+                    acc[jj][2] = _mm256_fmadd_ps(kd, q2, acc[jj][2]);
+                }
+            }
+            for (int jj = 0; jj < 4; jj++)
+                for (int v = 0; v < 3; v++)
+                    _mm256_storeu_ps(scores + (size_t)(t0 + j + jj) * PF_ROWS + 8 * v,
+                                     _mm256_mul_ps(acc[jj][v], scale));
+        }
+    }
+    for (int t = tokens; t < tokens4; t++)
+        for (int r = 0; r < PF_ROWS; r++) scores[(size_t)t * PF_ROWS + r] = -INFINITY;
+
+    /* Weights exp(score - max) over the keys, eight rows a register; their sums unrounded. */
+    __m256 peak[3], total[3];
+    for (int v = 0; v < 3; v++) {
+        peak[v] = _mm256_set1_ps(-INFINITY);
+        total[v] = _mm256_setzero_ps();
+    }
+    for (int t = 0; t < tokens4; t++)
+        for (int v = 0; v < 3; v++)
+            peak[v] = _mm256_max_ps(peak[v], _mm256_loadu_ps(scores + (size_t)t * PF_ROWS + 8 * v));
+    for (int t = 0; t < tokens4; t++)
+        for (int v = 0; v < 3; v++) {
+            float *st = scores + (size_t)t * PF_ROWS + 8 * v;
+            const __m256 e = vexp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(st), peak[v]));
+            total[v] = _mm256_add_ps(total[v], e);
+            _mm256_storeu_ps(st, e);
+        }
+    float stats[2][PF_ROWS];
+    for (int v = 0; v < 3; v++) {
+        _mm256_storeu_ps(stats[0] + 8 * v, peak[v]);
+        _mm256_storeu_ps(stats[1] + 8 * v, total[v]);
+    }
+
+    /* Values: ot[d * PF_ROWS + r] = sum over keys of weight(r, t) * V[t][d], a block of keys at
+     * a time, four head dims by 24 rows in twelve accumulators. */
+    memset(ot, 0, sizeof(float) * (size_t)D * PF_ROWS);
+    for (int t0 = 0; t0 < tokens; t0 += PF_TOKENS) {
+        const int n = tokens - t0 < PF_TOKENS ? tokens - t0 : PF_TOKENS;
+        const char *rows[PF_TOKENS];
+        paged_rows(cache_h + v_bytes, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        const float *sb = scores + (size_t)t0 * PF_ROWS;
+        for (int d = 0; d < D; d += 4) {
+            __m256 acc[4][3];
+            for (int dd = 0; dd < 4; dd++)
+                for (int v = 0; v < 3; v++) acc[dd][v] = _mm256_load_ps(ot + (d + dd) * PF_ROWS + 8 * v);
+            for (int t = 0; t < n; t++) {
+                const float *vt = (const float *)rows[t] + d;
+                __m256 p0 = _mm256_loadu_ps(sb + t * PF_ROWS), p1 = _mm256_loadu_ps(sb + t * PF_ROWS + 8),
+                       p2 = _mm256_loadu_ps(sb + t * PF_ROWS + 16);
+                ATRIUM_PIN8(p0);
+                ATRIUM_PIN8(p1);
+                ATRIUM_PIN8(p2);
+                for (int dd = 0; dd < 4; dd++) {
+                    const __m256 vd = _mm256_broadcast_ss(vt + dd);
+                    acc[dd][0] = _mm256_fmadd_ps(vd, p0, acc[dd][0]);
+                    acc[dd][1] = _mm256_fmadd_ps(vd, p1, acc[dd][1]);
+                    acc[dd][2] = _mm256_fmadd_ps(vd, p2, acc[dd][2]);
+                }
+            }
+            for (int dd = 0; dd < 4; dd++)
+                for (int v = 0; v < 3; v++) _mm256_store_ps(ot + (d + dd) * PF_ROWS + 8 * v, acc[dd][v]);
+        }
+    }
+    for (int r = 0; r < live; r++) {
+        for (int d = 0; d < D; d++) out[r][d] = ot[d * PF_ROWS + r];
+        out[r][D] = stats[0][r];
+        out[r][D + 1] = stats[1][r];
+    }
 }
 
 static __attribute__((noinline)) void attend_prefix_f32_avx2(
@@ -616,6 +751,24 @@ static inline __attribute__((always_inline)) void attend_item(
     float carry[ATRIUM_MAX_GROUP];
     for (int g = 0; g < G; g++) {
         float *sg = scores + (int64_t)g * kv_pad;
+#if ATRIUM_DECODE_AVX2
+        if (!bf16) {
+            float top_s = row_max_avx2(sg, kv_pad), prior_sum = 0.0f, prior_max = -INFINITY;
+            if (prior != NULL) {
+                prior_max = prior[(size_t)g * (D + 2) + D];
+                prior_sum = prior[(size_t)g * (D + 2) + D + 1];
+                top_s = prior_max > top_s ? prior_max : top_s;
+            }
+            const float sum = row_weights_avx2(sg, kv_pad, top_s);
+            const float carried = prior != NULL ? expf(prior_max - top_s) : 0.0f;
+            const float inv = 1.0f / (sum + prior_sum * carried);
+            carry[g] = carried * inv;
+            const __m256 scale = _mm256_set1_ps(inv);
+            for (int t = 0; t < kv_pad; t += 8)
+                _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), scale));
+            continue;
+        }
+#endif
         vf16 peak = splat16(-INFINITY);
         for (int t = 0; t < kv_pad; t += 16) peak = max16(peak, vload16(sg + t));
         float top_s = hmax16(peak), prior_sum = 0.0f, prior_max = -INFINITY;

@@ -289,14 +289,15 @@ def test_decodes_over_a_shared_prefix_attend_it_together(
 
 @needs_kernel
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 2, 32)])
-@pytest.mark.parametrize("page_size", [4, 16, 32])
+@pytest.mark.parametrize("page_size", [4, 10, 16, 32])
 def test_float32_decodes_over_a_shared_prefix_attend_it_together(
     alone_decode_kernel: DecodeKernel | None, heads: int, kv_heads: int, dim: int, page_size: int
 ) -> None:
     """In float32 (any CPU) a group's prefix is attended once with its members' query heads as
-    rows over transposed keys, then each member's own tokens with the prefix's share carried
-    in: the same as attending each decode on its own, and as exact attention, within float32
-    rounding, in any order of the step's decodes."""
+    rows over transposed keys (or, with AVX2, transposed rows), then each member's own tokens
+    with the prefix's share carried in: the same as attending each decode on its own, and as
+    exact attention, within float32 rounding, in any order of the step's decodes. Pages of ten
+    tokens give prefixes that end inside a block of four keys."""
     assert KERNEL is not None and alone_decode_kernel is not None
     groups = [(max(p, page_size) // page_size * page_size, tails) for p, tails in SHARED_GROUPS]
     cache, tables, keys, values = shared_prefix_cache(
