@@ -49,6 +49,10 @@ log = structlog.get_logger(__name__)
 # here: a hint of 16 is within a few percent of the best hint from batch 1 to 512).
 BATCH_HINT = 16
 SMALL_BATCH = 64  # rows up to which the codes product runs, where it applies
+# With AVX2 alone: rows up to which the codes product runs (its panel path past 64 rows), where
+# it beat oneDNN's float32 GEMM on SmolLM2's projections (an AMD EPYC of family 25: 1.1-1.6x at
+# 65-128 rows, level at 448, 0.85-0.93x at 2,048).
+CODES_PANEL_ROWS = 256
 # Rows up to which a projection's pair product runs, where it applies: past decode batches to
 # the steps where a few prompts join them (measured here, 30 layers' projections at 85 rows:
 # 22.8 ms against oneDNN's 27.2; at 128, 31.8 against 37.0). The LM head, which takes one row
@@ -179,6 +183,14 @@ def codes_beat_onednn() -> bool:
     ~25-34 ms against oneDNN's ~55-64, at 32 rows ~76-81 against ~97-117, at 64 level).
     Elsewhere (ARM) it was never measured, and oneDNN runs."""
     return cpu_has_avx512() or torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+@functools.cache
+def codes_max_rows() -> int:
+    """Rows up to which a weight with codes runs on them: ``CODES_PANEL_ROWS`` with AVX2 alone
+    (``small_gemm.c``'s panel path), ``SMALL_BATCH`` elsewhere."""
+    avx2_alone = not cpu_has_avx512() and torch.backends.cpu.get_cpu_capability() == "AVX2"
+    return CODES_PANEL_ROWS if avx2_alone else SMALL_BATCH
 
 
 @functools.cache
@@ -390,7 +402,7 @@ def _small_product(
         gemm = load_small_gemm()
         assert gemm is not None  # pairs are laid out only where it loaded
         return gemm(x, packed.pairs, residual, packed.pair_blocks[max(x.shape[0], 1) - 1])
-    if packed.codes is not None and x.shape[0] <= SMALL_BATCH:
+    if packed.codes is not None and x.shape[0] <= codes_max_rows():
         codes_gemm = load_codes_gemm()
         assert codes_gemm is not None  # codes are kept only where it loaded
         return codes_gemm(x, packed.codes, residual)

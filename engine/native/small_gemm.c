@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "vec.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -220,7 +222,12 @@ static inline __attribute__((always_inline)) void codes_tile(
  * products in the same order as the tile above (k ascending, one fused multiply-add each),
  * so all give the same bits. */
 #define ROWS_AVX2 6
+/* Keeps ``x`` in a register: a block's two weight vectors are read by every row's multiply-adds,
+ * and the compiler otherwise loads them again for each (eighteen loads to twelve multiply-adds,
+ * which the loads, not the multiply-adds, then pace). */
+#define ATRIUM_PIN8(x) __asm__("" : "+x"(x))
 #define DIRECT_ROWS_AVX2 8 /* rows up to which groups decode for themselves */
+#define PANEL_MIN_ROWS_AVX2 64 /* rows past which the panel path (below) runs */
 
 /* The direct path: R <= 6 rows by one block, decoding the block in registers. */
 static inline __attribute__((always_inline)) void codes_tile_avx2(
@@ -268,7 +275,9 @@ static inline __attribute__((always_inline)) void codes_run_avx2(const float *x,
         a[r][1] = _mm256_loadu_ps(acc + 16 * r + 8);
     }
     for (int k = 0; k < CODE_BLOCK; k++) {
-        const __m256 w0 = _mm256_loadu_ps(w + 16 * k), w1 = _mm256_loadu_ps(w + 16 * k + 8);
+        __m256 w0 = _mm256_loadu_ps(w + 16 * k), w1 = _mm256_loadu_ps(w + 16 * k + 8);
+        ATRIUM_PIN8(w0);
+        ATRIUM_PIN8(w1);
         for (int r = 0; r < R; r++) {
             const __m256 xv = _mm256_broadcast_ss(x + r * x_stride + k);
             a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
@@ -325,6 +334,105 @@ static void codes_block_avx2(const float *x, int64_t x_stride, const int8_t *cod
             _mm256_storeu_ps(out + r * N + cb * 16 + 8 * h, v);
         }
 }
+
+/* Many rows (a prefill step): oneDNN's float32 GEMM ran at ~60-80% of this CPU's multiply-add
+ * rate here, and the path above keeps every row's sums in memory between runs of 32 inputs and
+ * reads all of x again for each block of columns. Here each thread decodes a panel of its
+ * blocks, every input (PANEL_FLOATS at most: it stays in L2), once; then every group of up to
+ * six rows runs each block of the panel over all K inputs with its twelve sums in registers,
+ * the group's rows in L1 and the block's weights streaming from L2. The same order of sums
+ * (k ascending, one fused multiply-add each, the residual added last), so the same bits as
+ * the paths above. */
+#define PANEL_FLOATS (48 * 1024) /* 192 KiB of decoded weights a thread */
+
+static inline __attribute__((always_inline)) void panel_tile_avx2(
+    const float *x, int64_t x_stride, const float *w, int64_t K, const float *res,
+    int64_t res_stride, float *out, int64_t out_stride, const int R) {
+    __m256 acc[ROWS_AVX2][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 w0 = _mm256_load_ps(w + 16 * k), w1 = _mm256_load_ps(w + 16 * k + 8);
+        ATRIUM_PIN8(w0);
+        ATRIUM_PIN8(w1);
+        for (int r = 0; r < R; r++) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * x_stride + k);
+            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) {
+            __m256 v = acc[r][h];
+            if (res != NULL) v = _mm256_add_ps(v, _mm256_loadu_ps(res + r * res_stride + 8 * h));
+            _mm256_storeu_ps(out + r * out_stride + 8 * h, v);
+        }
+}
+
+/* Blocks cb0 .. cb0 + nb - 1 for all M rows, their weights decoded into w [nb][K][16]. */
+static void codes_panel_avx2(const float *x, int64_t x_stride, const int8_t *codes,
+                             const float *scale, const float *offset, int64_t K, const float *res,
+                             int64_t res_stride, float *out, int64_t M, int64_t N, int64_t cb0,
+                             int64_t nb, float *w) {
+    const int64_t kblocks = K / CODE_BLOCK;
+    for (int64_t b = 0; b < nb; b++) {
+        const int8_t *c = codes + (cb0 + b) * K * 16;
+        const float *d = scale + (cb0 + b) * kblocks * 16, *m = offset + (cb0 + b) * kblocks * 16;
+        float *wb = w + b * K * 16;
+        for (int64_t kb = 0; kb < kblocks; kb++, d += 16, m += 16) {
+            const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+            const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
+            for (int k = 0; k < CODE_BLOCK; k++, c += 16, wb += 16) {
+                const __m128i bytes = _mm_loadu_si128((const __m128i *)c);
+                const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                const __m256 hi =
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+                _mm256_store_ps(wb, _mm256_fmadd_ps(lo, d0, m0)); /* exact: the weight */
+                _mm256_store_ps(wb + 8, _mm256_fmadd_ps(hi, d1, m1));
+            }
+        }
+    }
+    for (int64_t r0 = 0; r0 < M; r0 += ROWS_AVX2) {
+        const int rows = M - r0 < ROWS_AVX2 ? (int)(M - r0) : ROWS_AVX2;
+        const float *xr = x + r0 * x_stride;
+        for (int64_t b = 0; b < nb; b++) {
+            const float *rr = res != NULL ? res + r0 * res_stride + (cb0 + b) * 16 : NULL;
+            float *orow = out + r0 * N + (cb0 + b) * 16;
+            const float *wb = w + b * K * 16;
+#define PTILE(R)                                                          \
+    case R:                                                               \
+        panel_tile_avx2(xr, x_stride, wb, K, rr, res_stride, orow, N, R); \
+        break;
+            switch (rows) {
+                PTILE(1) PTILE(2) PTILE(3) PTILE(4) PTILE(5) PTILE(6)
+                default: break;
+            }
+#undef PTILE
+        }
+    }
+}
+
+/* The panel path over all blocks: each thread a contiguous share of them, a panel at a time. */
+static int codes_panels_avx2(const float *x, int64_t x_stride, const int8_t *codes,
+                             const float *scale, const float *offset, const float *res,
+                             int64_t res_stride, float *out, int64_t M, int64_t N, int64_t K,
+                             int num_threads) {
+    const int64_t blocks = N / 16;
+    int64_t per_panel = PANEL_FLOATS / (K * 16);
+    if (per_panel < 1) per_panel = 1;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t first = t * blocks / threads, last = (t + 1) * blocks / threads;
+        float *w = aligned_alloc(32, sizeof(float) * (size_t)(per_panel * K * 16));
+        if (w == NULL) failed = 1;
+        for (int64_t cb = first; cb < last && w != NULL; cb += per_panel)
+            codes_panel_avx2(x, x_stride, codes, scale, offset, K, res, res_stride, out, M, N, cb,
+                             last - cb < per_panel ? last - cb : per_panel, w);
+        free(w);
+    }
+    return failed ? -1 : 0;
+}
 #else
 #define ATRIUM_CODES_AVX2 0
 #endif
@@ -363,6 +471,9 @@ int atrium_small_gemm_codes_f32(const float *x, int64_t x_stride, const int8_t *
         }
         return 0;
     }
+    if (M > PANEL_MIN_ROWS_AVX2)
+        return codes_panels_avx2(x, x_stride, codes, scale, offset, res, res_stride, out, M, N, K,
+                                 num_threads);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {

@@ -452,14 +452,19 @@ def test_the_codes_product_built_for_avx2_decodes_and_sums_the_same(tmp_path: Pa
     torch.testing.assert_close(
         avx2(x, codes).double(), x.double() @ weight.double().t(), rtol=1e-5, atol=1e-5
     )
+    # Past 64 rows the panel path: the same bits for the same rows.
+    many = torch.cat([x, torch.randn(70, 64, generator=gen)])
+    residual = torch.randn(75, 48, generator=gen)
+    assert torch.equal(avx2(many, codes)[:5], avx2(x, codes))
+    assert torch.equal(avx2(many, codes, residual)[:5], avx2(x, codes, residual[:5]))
 
 
 @uses_codes
-@pytest.mark.parametrize("num_tokens", [1, 4, 6, 7, 8, 13, 32, 64])
+@pytest.mark.parametrize("num_tokens", [1, 4, 6, 7, 8, 13, 32, 64, 65, 100, 257])
 def test_the_codes_product_sums_each_output_in_input_order(num_tokens: int) -> None:
     """Where weights keep codes (AVX-512's tile or AVX2's), every output is the float32 sum of
     its products in input order, one rounding per multiply-add: the same bits whichever tile
-    ran, and whichever group of rows a row fell in."""
+    ran (with AVX2, past 64 rows, the panel path), and whichever group of rows a row fell in."""
     assert CODES_GEMM is not None
     gen = torch.Generator().manual_seed(40 + num_tokens)
     weight = gguf_rounded(torch.randn(48, 96, generator=gen) / 4, "Q4_1")
@@ -499,8 +504,9 @@ def test_the_codes_product_is_the_float32_projection(
 
 @uses_codes
 @needs_f32_packing
-@pytest.mark.parametrize("num_tokens", [1, 7, 32, 33, 64, 65, 300])
+@pytest.mark.parametrize("num_tokens", [1, 7, 32, 33, 64, 65, 256, 257, 300])
 def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: int) -> None:
+    """Up to ``codes_max_rows()`` (64, or 256 with AVX2 alone) a step runs on the codes."""
     gen = torch.Generator().manual_seed(num_tokens)
     weight = gguf_rounded(torch.randn(96, 64, generator=gen), "Q8_0")
     packed = pack(weight)
@@ -509,7 +515,7 @@ def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: i
     residual = torch.randn(num_tokens, 96, generator=gen)
     assert CODES_GEMM is not None
     mkldnn = torch.ops.mkldnn._linear_pointwise
-    if num_tokens <= packed_linear.SMALL_BATCH:
+    if num_tokens <= packed_linear.codes_max_rows():
         expected = CODES_GEMM(x, packed.codes)
         expected_add = CODES_GEMM(x, packed.codes, residual)
     else:
