@@ -293,11 +293,6 @@ static inline __attribute__((always_inline)) void attend_tile(
 #define HALF 24 /* rows a pass of the AVX2 tile keeps in registers: three 8-float vectors */
 /* float32 keys and values past the end of a block of four: zero rows. */
 static const float ATRIUM_ZERO_F32[ATRIUM_MAX_DIM] = {0};
-/* Keeps an eight-float vector in a register from here on (as ATRIUM_IN_REGISTER does with
- * AVX-512): left alone, the compiler read the pass's query and probability vectors from memory
- * again in each of their four multiply-adds, and the loads, not the multiply-adds, set the
- * pace. */
-#define ATRIUM_PIN8(x) __asm__("" : "+x"(x))
 
 /* The float32 tile with AVX2 alone (sixteen 8-float registers): the sixteen-lane code above
  * would keep 4 x 3 vectors of sixteen floats, 24 registers, and spill them on every
@@ -349,23 +344,7 @@ static inline __attribute__((always_inline)) void attend_tile_avx2(
             for (int jj = 0; jj < 4; jj++) k[jj] = (const float *)krow[j + jj];
             for (int h = 0; h < passes; h++) {
                 __m256 acc[4][3];
-                for (int jj = 0; jj < 4; jj++)
-                    for (int v = 0; v < 3; v++) acc[jj][v] = _mm256_setzero_ps();
-                const float *qh = qt + HALF * h;
-                for (int d = 0; d < D; d++) {
-                    __m256 q0 = _mm256_loadu_ps(qh + d * ROWS);
-                    __m256 q1 = _mm256_loadu_ps(qh + d * ROWS + 8);
-                    __m256 q2 = _mm256_loadu_ps(qh + d * ROWS + 16);
-                    ATRIUM_PIN8(q0);
-                    ATRIUM_PIN8(q1);
-                    ATRIUM_PIN8(q2);
-                    for (int jj = 0; jj < 4; jj++) {
-                        const __m256 kd = _mm256_broadcast_ss(k[jj] + d);
-                        acc[jj][0] = _mm256_fmadd_ps(kd, q0, acc[jj][0]);
-                        acc[jj][1] = _mm256_fmadd_ps(kd, q1, acc[jj][1]);
-                        acc[jj][2] = _mm256_fmadd_ps(kd, q2, acc[jj][2]);
-                    }
-                }
+                dots4x24(qt + HALF * h, ROWS, k, D, acc);
                 for (int jj = 0; jj < 4; jj++)
                     for (int v = 0; v < 3; v++)
                         _mm256_storeu_ps(s + (j + jj) * ROWS + HALF * h + 8 * v,

@@ -87,8 +87,6 @@ static inline void prefetch_block(const char *base, const int32_t *table, int po
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #define ATRIUM_DECODE_AVX2 1
 #include <immintrin.h>
-/* Keeps ``x`` in a register (read by several multiply-adds, not loaded again by each). */
-#define ATRIUM_PIN8(x) __asm__("" : "+x"(x))
 #else
 #define ATRIUM_DECODE_AVX2 0
 #endif
@@ -378,21 +376,7 @@ static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
             const float *k[4];
             for (int jj = 0; jj < 4; jj++) k[jj] = (const float *)rows[j + jj];
             __m256 acc[4][3];
-            for (int jj = 0; jj < 4; jj++)
-                for (int v = 0; v < 3; v++) acc[jj][v] = _mm256_setzero_ps();
-            for (int d = 0; d < D; d++) {
-                __m256 q0 = _mm256_load_ps(qt + d * PF_ROWS), q1 = _mm256_load_ps(qt + d * PF_ROWS + 8),
-                       q2 = _mm256_load_ps(qt + d * PF_ROWS + 16);
-                ATRIUM_PIN8(q0);
-                ATRIUM_PIN8(q1);
-                ATRIUM_PIN8(q2);
-                for (int jj = 0; jj < 4; jj++) {
-                    const __m256 kd = _mm256_broadcast_ss(k[jj] + d);
-                    acc[jj][0] = _mm256_fmadd_ps(kd, q0, acc[jj][0]);
-                    acc[jj][1] = _mm256_fmadd_ps(kd, q1, acc[jj][1]);
-                    acc[jj][2] = _mm256_fmadd_ps(kd, q2, acc[jj][2]);
-                }
-            }
+            dots4x24(qt, PF_ROWS, k, D, acc);
             for (int jj = 0; jj < 4; jj++)
                 for (int v = 0; v < 3; v++)
                     _mm256_storeu_ps(scores + (size_t)(t0 + j + jj) * PF_ROWS + 8 * v,

@@ -222,10 +222,6 @@ static inline __attribute__((always_inline)) void codes_tile(
  * products in the same order as the tile above (k ascending, one fused multiply-add each),
  * so all give the same bits. */
 #define ROWS_AVX2 6
-/* Keeps ``x`` in a register: a block's two weight vectors are read by every row's multiply-adds,
- * and the compiler otherwise loads them again for each (eighteen loads to twelve multiply-adds,
- * which the loads, not the multiply-adds, then pace). */
-#define ATRIUM_PIN8(x) __asm__("" : "+x"(x))
 #define DIRECT_ROWS_AVX2 8 /* rows up to which groups decode for themselves */
 #define PANEL_MIN_ROWS_AVX2 64 /* rows past which the panel path (below) runs */
 

@@ -156,6 +156,38 @@ static inline vf16 vexp_reduced(vf16 x, vf16 n) {
     return p * r * r + r + 1.0f;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* Keeps an eight-float vector in a register from here on (as ATRIUM_IN_REGISTER does with
+ * AVX-512): left alone, the compiler reads a vector that several multiply-adds use from memory
+ * again for each of them, and the loads, not the multiply-adds, set the pace. */
+#define ATRIUM_PIN8(x) __asm__("" : "+x"(x))
+
+/* Four columns by 24 rows of dot products, the rows in lanes (the AVX2 attention tiles'
+ * scores: ``a`` the query transposed, 24 rows per head dim, ``a_stride`` floats apart; b[j] key
+ * j's row): acc[j][v] lane l = the sum over i < n, ascending, of b[j][i] * a[i * a_stride + 8 v
+ * + l], one fused multiply-add each, from zero. Twelve accumulators, three row vectors and a
+ * broadcast: sixteen registers. */
+static inline __attribute__((always_inline)) void dots4x24(const float *a, int64_t a_stride,
+                                                           const float *const *b, int n,
+                                                           __m256 acc[4][3]) {
+    for (int j = 0; j < 4; j++)
+        for (int v = 0; v < 3; v++) acc[j][v] = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        __m256 a0 = _mm256_loadu_ps(a + i * a_stride), a1 = _mm256_loadu_ps(a + i * a_stride + 8),
+               a2 = _mm256_loadu_ps(a + i * a_stride + 16);
+        ATRIUM_PIN8(a0);
+        ATRIUM_PIN8(a1);
+        ATRIUM_PIN8(a2);
+        for (int j = 0; j < 4; j++) {
+            const __m256 bj = _mm256_broadcast_ss(b[j] + i);
+            acc[j][0] = _mm256_fmadd_ps(bj, a0, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(bj, a1, acc[j][1]);
+            acc[j][2] = _mm256_fmadd_ps(bj, a2, acc[j][2]);
+        }
+    }
+}
+#endif
+
 #if defined(__AVX2__) && !defined(__AVX512F__)
 /* vexp_nonpositive on eight lanes with AVX2 (the generic sixteen-lane compares and selects
  * became a compare and a branch per lane there): the same steps, so the same results. */
