@@ -385,20 +385,7 @@ static inline __attribute__((always_inline)) void attend_tile_avx2(
                     for (int v = 0; v < 3; v++)
                         acc[dd][v] = _mm256_mul_ps(
                             _mm256_loadu_ps(ot + (d + dd) * ROWS + HALF * h + 8 * v), al[v]);
-                for (int j = 0; j < nk; j++) {
-                    const float *sj = s + j * ROWS + HALF * h;
-                    __m256 p0 = _mm256_loadu_ps(sj), p1 = _mm256_loadu_ps(sj + 8),
-                           p2 = _mm256_loadu_ps(sj + 16);
-                    ATRIUM_PIN8(p0);
-                    ATRIUM_PIN8(p1);
-                    ATRIUM_PIN8(p2);
-                    for (int dd = 0; dd < 4; dd++) {
-                        const __m256 vd = _mm256_broadcast_ss(vrow[j] + d + dd);
-                        acc[dd][0] = _mm256_fmadd_ps(vd, p0, acc[dd][0]);
-                        acc[dd][1] = _mm256_fmadd_ps(vd, p1, acc[dd][1]);
-                        acc[dd][2] = _mm256_fmadd_ps(vd, p2, acc[dd][2]);
-                    }
-                }
+                weighted4x24(s + HALF * h, ROWS, vrow, d, nk, acc);
                 for (int dd = 0; dd < 4; dd++)
                     for (int v = 0; v < 3; v++)
                         _mm256_storeu_ps(ot + (d + dd) * ROWS + HALF * h + 8 * v, acc[dd][v]);

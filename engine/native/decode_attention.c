@@ -415,25 +415,14 @@ static inline __attribute__((always_inline)) void attend_prefix_f32_avx2_d(
         const int n = tokens - t0 < PF_TOKENS ? tokens - t0 : PF_TOKENS;
         const char *rows[PF_TOKENS];
         paged_rows(cache_h + v_bytes, table, t0, n, s->page_size, tok_bytes, page_bytes, rows);
+        const float *vrow[PF_TOKENS];
+        for (int t = 0; t < n; t++) vrow[t] = (const float *)rows[t];
         const float *sb = scores + (size_t)t0 * PF_ROWS;
         for (int d = 0; d < D; d += 4) {
             __m256 acc[4][3];
             for (int dd = 0; dd < 4; dd++)
                 for (int v = 0; v < 3; v++) acc[dd][v] = _mm256_load_ps(ot + (d + dd) * PF_ROWS + 8 * v);
-            for (int t = 0; t < n; t++) {
-                const float *vt = (const float *)rows[t] + d;
-                __m256 p0 = _mm256_loadu_ps(sb + t * PF_ROWS), p1 = _mm256_loadu_ps(sb + t * PF_ROWS + 8),
-                       p2 = _mm256_loadu_ps(sb + t * PF_ROWS + 16);
-                ATRIUM_PIN8(p0);
-                ATRIUM_PIN8(p1);
-                ATRIUM_PIN8(p2);
-                for (int dd = 0; dd < 4; dd++) {
-                    const __m256 vd = _mm256_broadcast_ss(vt + dd);
-                    acc[dd][0] = _mm256_fmadd_ps(vd, p0, acc[dd][0]);
-                    acc[dd][1] = _mm256_fmadd_ps(vd, p1, acc[dd][1]);
-                    acc[dd][2] = _mm256_fmadd_ps(vd, p2, acc[dd][2]);
-                }
-            }
+            weighted4x24(sb, PF_ROWS, vrow, d, n, acc);
             for (int dd = 0; dd < 4; dd++)
                 for (int v = 0; v < 3; v++) _mm256_store_ps(ot + (d + dd) * PF_ROWS + 8 * v, acc[dd][v]);
         }

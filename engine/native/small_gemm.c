@@ -286,6 +286,20 @@ static inline __attribute__((always_inline)) void codes_run_avx2(const float *x,
     }
 }
 
+/* One run of 32 inputs of a block, codes c [32][16] with their scales d and offsets m [16],
+ * decoded into w [32][16] (exact: the weights). */
+static inline void decode_run_avx2(const int8_t *c, const float *d, const float *m, float *w) {
+    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+    const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
+    for (int k = 0; k < CODE_BLOCK; k++, c += 16, w += 16) {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)c);
+        const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+        const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+        _mm256_store_ps(w, _mm256_fmadd_ps(lo, d0, m0));
+        _mm256_store_ps(w + 8, _mm256_fmadd_ps(hi, d1, m1));
+    }
+}
+
 /* All M rows by the 16 columns of block cb: each run of 32 inputs is decoded once into L1
  * (exact: the weights), then multiplied into every group of up to six rows, whose
  * accumulators wait in ``acc`` [M][16] between runs. */
@@ -298,16 +312,8 @@ static void codes_block_avx2(const float *x, int64_t x_stride, const int8_t *cod
     const float *d = scale + cb * kblocks * 16, *m = offset + cb * kblocks * 16;
     float w[CODE_BLOCK * 16] __attribute__((aligned(32)));
     memset(acc, 0, sizeof(float) * 16 * (size_t)M);
-    for (int64_t kb = 0; kb < kblocks; kb++, d += 16, m += 16) {
-        const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-        const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
-        for (int k = 0; k < CODE_BLOCK; k++, c += 16) {
-            const __m128i bytes = _mm_loadu_si128((const __m128i *)c);
-            const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-            const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
-            _mm256_store_ps(w + 16 * k, _mm256_fmadd_ps(lo, d0, m0)); /* exact: the weight */
-            _mm256_store_ps(w + 16 * k + 8, _mm256_fmadd_ps(hi, d1, m1));
-        }
+    for (int64_t kb = 0; kb < kblocks; kb++, d += 16, m += 16, c += CODE_BLOCK * 16) {
+        decode_run_avx2(c, d, m, w);
         for (int64_t g = 0; g < groups; g++) {
             const int64_t r0 = g * M / groups, rows = (g + 1) * M / groups - r0;
             const float *xr = x + r0 * x_stride + kb * CODE_BLOCK;
@@ -374,18 +380,8 @@ static void codes_panel_avx2(const float *x, int64_t x_stride, const int8_t *cod
         const int8_t *c = codes + (cb0 + b) * K * 16;
         const float *d = scale + (cb0 + b) * kblocks * 16, *m = offset + (cb0 + b) * kblocks * 16;
         float *wb = w + b * K * 16;
-        for (int64_t kb = 0; kb < kblocks; kb++, d += 16, m += 16) {
-            const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-            const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
-            for (int k = 0; k < CODE_BLOCK; k++, c += 16, wb += 16) {
-                const __m128i bytes = _mm_loadu_si128((const __m128i *)c);
-                const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-                const __m256 hi =
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
-                _mm256_store_ps(wb, _mm256_fmadd_ps(lo, d0, m0)); /* exact: the weight */
-                _mm256_store_ps(wb + 8, _mm256_fmadd_ps(hi, d1, m1));
-            }
-        }
+        for (int64_t kb = 0; kb < kblocks; kb++, d += 16, m += 16, c += CODE_BLOCK * 16)
+            decode_run_avx2(c, d, m, wb + kb * CODE_BLOCK * 16);
     }
     for (int64_t r0 = 0; r0 < M; r0 += ROWS_AVX2) {
         const int rows = M - r0 < ROWS_AVX2 ? (int)(M - r0) : ROWS_AVX2;

@@ -186,6 +186,28 @@ static inline __attribute__((always_inline)) void dots4x24(const float *a, int64
         }
     }
 }
+
+/* The tiles' other product, weights down the lanes: for i < n, ascending, acc[j][v] += row
+ * i's value ``offset + j`` times lanes 8 v .. 8 v + 7 of p + i * p_stride (24 rows' weights of
+ * token i), one fused multiply-add each: four head dims of the output by 24 rows. */
+static inline __attribute__((always_inline)) void weighted4x24(const float *p, int64_t p_stride,
+                                                               const float *const *rows,
+                                                               int64_t offset, int n,
+                                                               __m256 acc[4][3]) {
+    for (int i = 0; i < n; i++) {
+        __m256 p0 = _mm256_loadu_ps(p + i * p_stride), p1 = _mm256_loadu_ps(p + i * p_stride + 8),
+               p2 = _mm256_loadu_ps(p + i * p_stride + 16);
+        ATRIUM_PIN8(p0);
+        ATRIUM_PIN8(p1);
+        ATRIUM_PIN8(p2);
+        for (int j = 0; j < 4; j++) {
+            const __m256 vj = _mm256_broadcast_ss(rows[i] + offset + j);
+            acc[j][0] = _mm256_fmadd_ps(vj, p0, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(vj, p1, acc[j][1]);
+            acc[j][2] = _mm256_fmadd_ps(vj, p2, acc[j][2]);
+        }
+    }
+}
 #endif
 
 #if defined(__AVX2__) && !defined(__AVX512F__)
