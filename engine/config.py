@@ -18,6 +18,9 @@ class EngineConfig:
     means the model's own context length. ``speculative_tokens`` is how many tokens a greedy
     decode may guess from its own context and check in the same step (``engine/speculative.py``;
     0 turns drafting off), matching the last ``speculative_ngram`` tokens (or at least two).
+    Steps with more than ``speculative_max_batch`` decodes run no drafts (None: no limit): where a
+    step is bound by its multiply-adds a draft row costs about what a decode's own does, which
+    pays only when most drafts are right.
     """
 
     page_size: int = 16
@@ -29,6 +32,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     speculative_tokens: int = 4
     speculative_ngram: int = 3
+    speculative_max_batch: int | None = None
     dtype: str = "bfloat16"
     device: str = "cpu"
 
@@ -52,6 +56,8 @@ class EngineConfig:
             raise ValueError("speculative_tokens must be between 0 and 64")
         if self.speculative_ngram < 2:
             raise ValueError("speculative_ngram must be at least 2")
+        if self.speculative_max_batch is not None and self.speculative_max_batch <= 0:
+            raise ValueError("speculative_max_batch must be positive")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
 

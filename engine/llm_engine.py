@@ -77,7 +77,12 @@ class LLMEngine:
             else None
         )
         self.scheduler = Scheduler(
-            self.cache, policy, config.token_budget, config.max_num_seqs, self.drafter
+            self.cache,
+            policy,
+            config.token_budget,
+            config.max_num_seqs,
+            self.drafter,
+            config.speculative_max_batch,
         )
         self._shares: dict[str, float | None] = {}  # per tenant namespace, as last applied
         self.runner = ModelRunner(

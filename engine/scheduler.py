@@ -60,6 +60,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         drafter: Drafter | None = None,
+        max_draft_batch: int | None = None,
     ) -> None:
         if max_num_seqs > max_num_batched_tokens:
             raise ValueError("max_num_seqs must not exceed max_num_batched_tokens")
@@ -69,6 +70,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.drafter = drafter
+        self.max_draft_batch = max_draft_batch  # steps with more decodes run no drafts
         self.running: list[Request] = []  # in order of admission
         self.slots: dict[str, int] = {}  # running requests per tenant
         policy.bind_running(self.slots, max_num_seqs)
@@ -128,9 +130,11 @@ class Scheduler:
     def _add_drafts(self, out: SchedulerOutput, num_decodes: int, budget: int) -> int:
         """Give the step's decodes (the first ``num_decodes`` sequences) drafts from what is
         left of the budget once every prefill chunk and admission had its share; returns the
-        budget left."""
+        budget left. A step of more than ``max_draft_batch`` decodes drafts nothing."""
         drafter = self.drafter
-        if drafter is None:
+        if drafter is None or (
+            self.max_draft_batch is not None and num_decodes > self.max_draft_batch
+        ):
             return budget
         for i in range(num_decodes):
             if budget == 0:

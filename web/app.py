@@ -61,6 +61,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
         speculative_tokens=settings.speculative_tokens,
+        speculative_max_batch=settings.speculative_max_batch,
         dtype=settings.resolved_dtype,
         device=device,
     )

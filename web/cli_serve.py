@@ -79,6 +79,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="tokens a greedy decode may guess from its own context per step (default 4; 0: off)",
     )
+    parser.add_argument(
+        "--speculative-max-batch",
+        dest="speculative_max_batch",
+        type=int,
+        default=None,
+        help="steps with more decodes than this run no drafts (default: no limit)",
+    )
     parser.set_defaults(func=run_serve)
 
 

@@ -35,6 +35,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # Tokens a greedy decode may guess from its own context and check in the same step
     # (prompt lookup; 0 turns it off). Outputs are the same either way.
     speculative_tokens: int = 4
+    # Steps with more decodes than this run no drafts (None: no limit).
+    speculative_max_batch: int | None = None
     # Default max_tokens when a request names none: the remaining context, capped at this.
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20
@@ -66,6 +68,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 raise SettingsError(f"{name} must be positive")
         if not 0 <= self.speculative_tokens <= 64:
             raise SettingsError("speculative_tokens must be between 0 and 64")
+        if self.speculative_max_batch is not None and self.speculative_max_batch <= 0:
+            raise SettingsError("speculative_max_batch must be positive")
         if self.torch_threads is not None and self.torch_threads <= 0:
             raise SettingsError("torch_threads must be positive")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:

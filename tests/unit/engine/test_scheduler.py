@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -460,3 +462,56 @@ def test_abort_of_waiting_and_running_requests_returns_pages() -> None:
     assert not sim.scheduler.has_unfinished
     assert sim.cache.pool.owner(0) == FREE
     sim.assert_no_leaks()
+
+
+class AlwaysDraft:
+    """A drafter that guesses two tokens for every decode."""
+
+    def propose(self, request: Request, limit: int) -> list[int]:
+        return [5, 5][:limit]
+
+
+@pytest.mark.parametrize("num_requests", [2, 3, 4, 6])
+def test_steps_with_more_decodes_than_the_draft_limit_run_no_drafts(num_requests: int) -> None:
+    sched = Scheduler(make_cache(False, 64, 4), FifoPolicy(), 64, 8, AlwaysDraft(), 3)
+    requests = [
+        Request(
+            request_id=f"r{i}",
+            prompt_token_ids=[1, 2, 3],
+            params=SamplingParams(max_tokens=10, temperature=0.0),
+            tenant_id="t",
+            namespace=tenant_namespace("t"),
+            owner=owner_tag(f"r{i}"),
+            arrival_index=i,
+        )
+        for i in range(num_requests)
+    ]
+    for request in requests:
+        sched.add(request)
+    prefill = sched.schedule()  # every prompt in one step, each sampling its first token
+    assert len(prefill.seqs) == num_requests and not any(s.draft for s in prefill.seqs)
+    sched.postprocess(prefill)
+    for request in requests:
+        request.append_token(9)
+    step = sched.schedule()  # every request decodes
+    assert len(step.seqs) == num_requests
+    drafts = [s.draft for s in step.seqs]
+    if num_requests <= 3:
+        assert drafts == [(5, 5)] * num_requests
+        assert step.num_batched_tokens == 3 * num_requests
+    else:
+        assert drafts == [()] * num_requests
+        assert step.num_batched_tokens == num_requests
+
+
+def test_the_engine_passes_its_draft_limit_to_the_scheduler(tiny_llama_dir: Path) -> None:
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.model.loader import load_model
+
+    loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    assert LLMEngine(loaded, EngineConfig(num_pages=8)).scheduler.max_draft_batch is None
+    limited = LLMEngine(loaded, EngineConfig(num_pages=8, speculative_max_batch=12))
+    assert limited.scheduler.max_draft_batch == 12
+    with pytest.raises(ValueError, match="speculative_max_batch"):
+        EngineConfig(speculative_max_batch=0)

@@ -68,6 +68,15 @@ def test_speculative_tokens_default_to_four_and_take_zero_to_turn_drafts_off() -
             Settings.load(environ={"ATRIUM_SPECULATIVE_TOKENS": bad})
 
 
+def test_the_draft_batch_limit_comes_from_the_environment_and_must_be_positive() -> None:
+    assert Settings.load(environ={}).speculative_max_batch is None
+    assert Settings.load(environ={"ATRIUM_SPECULATIVE_MAX_BATCH": "8"}).speculative_max_batch == 8
+    assert Settings.load({"speculative_max_batch": 64}, environ={}).speculative_max_batch == 64
+    for bad in ("0", "-3", "few"):
+        with pytest.raises(SettingsError):
+            Settings.load(environ={"ATRIUM_SPECULATIVE_MAX_BATCH": bad})
+
+
 def test_dtype_auto_is_resolved_for_the_cpu_and_explicit_dtypes_are_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
