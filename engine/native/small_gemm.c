@@ -260,6 +260,26 @@ static inline __attribute__((always_inline)) void codes_tile_avx2(
         }
 }
 
+/* a[r] += the products of row r of x (rows x_stride apart) and decoded weights w [n][16] over
+ * inputs 0 .. n - 1, ascending, one fused multiply-add each: R rows by one block of 16 columns,
+ * the sums in registers. */
+static inline __attribute__((always_inline)) void rows_by_block_avx2(const float *x,
+                                                                     int64_t x_stride,
+                                                                     const float *w, int64_t n,
+                                                                     __m256 a[ROWS_AVX2][2],
+                                                                     const int R) {
+    for (int64_t k = 0; k < n; k++) {
+        __m256 w0 = _mm256_loadu_ps(w + 16 * k), w1 = _mm256_loadu_ps(w + 16 * k + 8);
+        ATRIUM_PIN8(w0);
+        ATRIUM_PIN8(w1);
+        for (int r = 0; r < R; r++) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * x_stride + k);
+            a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(xv, w1, a[r][1]);
+        }
+    }
+}
+
 /* R rows (x, rows x_stride apart, at the run's first input) by the 16 columns of one block
  * over one run of 32 inputs, decoded into w [32][16]; the sums carry over in acc [R][16]. */
 static inline __attribute__((always_inline)) void codes_run_avx2(const float *x, int64_t x_stride,
@@ -270,16 +290,7 @@ static inline __attribute__((always_inline)) void codes_run_avx2(const float *x,
         a[r][0] = _mm256_loadu_ps(acc + 16 * r);
         a[r][1] = _mm256_loadu_ps(acc + 16 * r + 8);
     }
-    for (int k = 0; k < CODE_BLOCK; k++) {
-        __m256 w0 = _mm256_loadu_ps(w + 16 * k), w1 = _mm256_loadu_ps(w + 16 * k + 8);
-        ATRIUM_PIN8(w0);
-        ATRIUM_PIN8(w1);
-        for (int r = 0; r < R; r++) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * x_stride + k);
-            a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(xv, w1, a[r][1]);
-        }
-    }
+    rows_by_block_avx2(x, x_stride, w, CODE_BLOCK, a, R);
     for (int r = 0; r < R; r++) {
         _mm256_storeu_ps(acc + 16 * r, a[r][0]);
         _mm256_storeu_ps(acc + 16 * r + 8, a[r][1]);
@@ -352,16 +363,7 @@ static inline __attribute__((always_inline)) void panel_tile_avx2(
     int64_t res_stride, float *out, int64_t out_stride, const int R) {
     __m256 acc[ROWS_AVX2][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m256 w0 = _mm256_load_ps(w + 16 * k), w1 = _mm256_load_ps(w + 16 * k + 8);
-        ATRIUM_PIN8(w0);
-        ATRIUM_PIN8(w1);
-        for (int r = 0; r < R; r++) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * x_stride + k);
-            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
-        }
-    }
+    rows_by_block_avx2(x, x_stride, w, K, acc, R);
     for (int r = 0; r < R; r++)
         for (int h = 0; h < 2; h++) {
             __m256 v = acc[r][h];
