@@ -7,6 +7,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from engine.errors import InvalidRequestError
+
 # End-of-turn tokens a chat template may close each message with.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
@@ -59,12 +61,21 @@ class Tokenizer:
     def render_chat(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        """The chat template rendered as text (special tokens included literally)."""
+        """The chat template rendered as text (special tokens included literally).
+
+        A template that refuses the messages (``raise_exception``, or any error while rendering
+        them) raises InvalidRequestError: what it renders is the client's, so the fault is too.
+        """
         if self.chat_template is None:
-            raise ValueError("this model has no chat template")
-        text = self.hf.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+            raise InvalidRequestError("this model has no chat template", param="messages")
+        try:
+            text = self.hf.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except Exception as exc:
+            raise InvalidRequestError(
+                f"The model's chat template refused these messages: {exc}", param="messages"
+            ) from exc
         return str(text)
 
     def apply_chat_template(

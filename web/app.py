@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from web import health, routes_openai
 from web.errors import handle_exception
+from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
 from web.service_generation import GenerationService, ModelRuntime
 from web.settings import Settings
@@ -196,6 +197,7 @@ def create_app(
         lifespan=[lifespan],
         state=state,
         request_max_body_size=settings.max_body_bytes,
+        request_class=JsonRequest,
         logging_config=None,
     )
 

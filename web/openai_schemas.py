@@ -12,7 +12,8 @@ from typing import Literal, TypeVar
 import msgspec
 
 from engine.sampling_params import SamplingParams
-from web.errors import ApiError, bad_request
+from web.errors import bad_request
+from web.json_body import decode_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _AT_PATH = re.compile(r"at `\$\.?([^`]*)`")
@@ -65,14 +66,7 @@ class CompletionRequest(_GenerationFields, kw_only=True):
 
 def decode_body(body: bytes, type_: type[T]) -> T:
     """Decode a JSON body into ``type_``; malformed JSON or wrong types raise a 400 ApiError."""
-    try:
-        return msgspec.json.decode(body, type=type_)
-    except msgspec.ValidationError as exc:
-        raise bad_request(f"Invalid request: {exc}", param=_param_of(str(exc))) from exc
-    except msgspec.DecodeError as exc:
-        raise ApiError(
-            400, "We could not parse the JSON body of your request.", code="invalid_json"
-        ) from exc
+    return decode_json(body, type_, _param_of)
 
 
 def _param_of(message: str) -> str | None:

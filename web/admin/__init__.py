@@ -16,6 +16,7 @@ from web.admin.usage_controller import (
     set_price,
     usage,
 )
+from web.json_body import JsonRequest
 
 admin_router = Router(
     path="/admin/v1",
@@ -33,6 +34,7 @@ admin_router = Router(
         publish_prefix,
     ],
     include_in_schema=False,
+    request_class=JsonRequest,
 )
 
 __all__ = ["admin_router"]

@@ -31,6 +31,13 @@ def _mac(secret: bytes, purpose: str, message: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
+def _same(expected: str, candidate: str) -> bool:
+    """Constant-time equality that any client string can reach: ``compare_digest`` refuses
+    non-ASCII ``str`` with a TypeError, so both sides are compared as UTF-8 bytes."""
+    as_bytes = candidate.encode("utf-8", "backslashreplace")
+    return hmac.compare_digest(expected.encode("ascii"), as_bytes)
+
+
 def issue_session(secret: bytes, now: float | None = None, ttl_s: int = SESSION_TTL_S) -> str:
     """A new signed cookie value valid for ``ttl_s`` seconds."""
     session_id = secrets.token_urlsafe(18)
@@ -48,7 +55,7 @@ def verify_session(secret: bytes, value: str | None, now: float | None = None) -
         return None
     session_id, expires_raw, signature = parts
     expected = _mac(secret, "session", f"{session_id}.{expires_raw}")
-    if not hmac.compare_digest(expected, signature):
+    if not _same(expected, signature):
         return None
     try:
         expires_at = int(expires_raw)
@@ -68,4 +75,4 @@ def csrf_matches(secret: bytes, session: Session, candidate: str | None) -> bool
     """Constant-time check of a submitted CSRF token."""
     if not candidate:
         return False
-    return hmac.compare_digest(csrf_token(secret, session), candidate)
+    return _same(csrf_token(secret, session), candidate)

@@ -16,6 +16,7 @@ from web.console.pages import (
     usage_page,
 )
 from web.console.signin import sign_in, sign_out
+from web.json_body import JsonRequest
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -33,6 +34,7 @@ console_router = Router(
         create_static_files_router(path="/static", directories=[STATIC_DIR], name="console_static"),
     ],
     include_in_schema=False,
+    request_class=JsonRequest,
 )
 
 __all__ = ["console_router"]

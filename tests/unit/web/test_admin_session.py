@@ -33,3 +33,14 @@ def test_csrf_tokens_belong_to_one_session() -> None:
     assert not csrf_matches(SECRET, second, token)
     assert not csrf_matches(SECRET, first, None)
     assert not csrf_matches(SECRET, first, token[:-1])
+
+
+def test_non_ascii_cookies_and_tokens_are_refused_not_raised() -> None:
+    value = issue_session(SECRET, now=1_000)
+    session_id, expires, _ = value.split(".")
+    for signature in ("é" * 43, "\udcff", "🙂"):
+        assert verify_session(SECRET, f"{session_id}.{expires}.{signature}", now=1_000) is None
+    session = verify_session(SECRET, value, now=1_000)
+    assert session is not None
+    assert not csrf_matches(SECRET, session, "é" * len(csrf_token(SECRET, session)))
+    assert not csrf_matches(SECRET, session, "\udcff")
