@@ -106,3 +106,9 @@ class MigrationError(TenantError):
     """The Alembic scripts could not be located or applied."""
 
     code = "migration_error"
+
+
+class SpoolInUseError(TenantError):
+    """Another process already holds this usage spool file (one gateway per spool path)."""
+
+    code = "spool_in_use"
