@@ -3,7 +3,8 @@
 Each event ends up in the database exactly once: writes are insert-or-ignore on request_id,
 failed batches are fsync'd to the spool, and the spool is replayed (then cleared) once a write
 succeeds again. A replay after a crash between write and clear only re-inserts duplicates,
-which the database ignores.
+which the database ignores. When the spool cannot be written either (disk full, read-only),
+the events are held in memory and retried, and ``healthy`` is False until they are stored.
 """
 
 from __future__ import annotations
@@ -45,10 +46,13 @@ class UsageMeter:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._next_retry = 0.0
+        self._held: list[UsageEvent] = []  # in neither the database nor the spool yet
 
     async def start(self) -> None:
-        """Start the writer task; it first replays whatever an earlier run left spooled."""
+        """Take the spool (SpoolInUseError if another process has it), then start the writer
+        task; it first replays whatever an earlier run left spooled."""
         if self._task is None:
+            await asyncio.to_thread(self._spool.lock)
             self._task = asyncio.create_task(self._run(), name="usage-meter")
 
     def record(self, event: UsageEvent) -> None:
@@ -58,7 +62,8 @@ class UsageMeter:
         self._queue.put_nowait(event)
 
     async def flush(self) -> None:
-        """Wait until every event recorded so far is in the database or the spool."""
+        """Wait until every event recorded so far is in the database or the spool, or held in
+        memory when neither would take it (then ``healthy`` is False)."""
         task = self._task
         if task is None or task.done():
             raise MeterClosedError("the usage meter is not running")
@@ -78,11 +83,28 @@ class UsageMeter:
             return
         self._closed = True
         self._queue.put_nowait(None)
-        await asyncio.shield(self._task)
+        try:
+            await asyncio.shield(self._task)
+        finally:
+            self._spool.unlock()
+        if self._held:
+            log.error("usage_lost", events=len(self._held))
 
     @property
     def spooled(self) -> bool:
         return not self._spool.is_empty
+
+    @property
+    def held(self) -> int:
+        """Events kept in memory only: neither the database nor the spool took them."""
+        return len(self._held)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every recorded event is durable (or on its way): nothing held in memory only,
+        and the writer task alive."""
+        task = self._task
+        return not self._held and (task is None or not task.done() or self._closed)
 
     async def _run(self) -> None:
         await self._replay()
@@ -95,6 +117,7 @@ class UsageMeter:
             if events:
                 await self._deliver(events)
             if waiters or None in batch or time.monotonic() >= self._next_retry:
+                await self._rescue()
                 await self._replay()
             for waiter in waiters:
                 if not waiter.done():
@@ -103,7 +126,7 @@ class UsageMeter:
                 return
 
     async def _next_item(self) -> _Item:
-        if self._spool.is_empty:
+        if self._spool.is_empty and not self._held:
             return await self._queue.get()
         try:  # wake up to retry the spool even when no new events arrive
             return await asyncio.wait_for(self._queue.get(), self._retry_interval_s)
@@ -114,17 +137,43 @@ class UsageMeter:
         try:
             await self._sink.write(events)
         except Exception as exc:  # any database failure: keep the events durably instead
-            await asyncio.to_thread(self._spool.append, events)
             self._next_retry = time.monotonic() + self._retry_interval_s
-            log.warning("usage_spooled", events=len(events), error=type(exc).__name__)
+            if await self._spool_or_hold(events):
+                log.warning("usage_spooled", events=len(events), error=type(exc).__name__)
+
+    async def _spool_or_hold(self, events: list[UsageEvent]) -> bool:
+        """Append ``events`` to the spool; when that fails too, hold them for a retry."""
+        try:
+            await asyncio.to_thread(self._spool.append, events)
+        except OSError as exc:
+            self._held.extend(events)
+            self._next_retry = time.monotonic() + self._retry_interval_s
+            log.error("usage_spool_failed", held=len(self._held), error=repr(exc))
+            return False
+        return True
+
+    async def _rescue(self) -> None:
+        """Store the held events: in the database if it is back, else in the spool."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        try:
+            await self._write_batches(held)
+        except Exception:
+            if not await self._spool_or_hold(held):
+                return
+        log.info("usage_rescued", events=len(held))
+
+    async def _write_batches(self, events: list[UsageEvent]) -> None:
+        for start in range(0, len(events), self._batch_size):
+            await self._sink.write(events[start : start + self._batch_size])
 
     async def _replay(self) -> None:
         if self._spool.is_empty:
             return
         events = await asyncio.to_thread(self._spool.read)
         try:
-            for start in range(0, len(events), self._batch_size):
-                await self._sink.write(events[start : start + self._batch_size])
+            await self._write_batches(events)
         except Exception as exc:
             self._next_retry = time.monotonic() + self._retry_interval_s
             log.warning("usage_replay_failed", events=len(events), error=type(exc).__name__)

@@ -28,12 +28,15 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, object]]
     # The engine runs in a child process that can die on its own (killed, out of memory).
     engine = state.get("engine")
     engine_running = bool(getattr(engine, "is_running", True))
-    ready = model_loaded and database and engine_running and not draining
+    # Usage the meter can neither store nor spool would be served unbilled.
+    usage_durable = tenancy is None or tenancy.usage_durable
+    ready = model_loaded and database and engine_running and usage_durable and not draining
     body: dict[str, object] = {
         "status": "ready" if ready else "unavailable",
         "model_loaded": model_loaded,
         "engine_running": engine_running,
         "database": database,
+        "usage_durable": usage_durable,
         "draining": draining,
     }
     return Response(body, status_code=200 if ready else 503)

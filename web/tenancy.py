@@ -80,6 +80,11 @@ class Tenancy(Protocol):
         """Whether the backing store answers."""
         ...
 
+    @property
+    def usage_durable(self) -> bool:
+        """Whether usage events are being stored (or spooled); paid work stops while not."""
+        ...
+
     async def close(self) -> None:
         """Flush pending usage events and release connections."""
         ...
@@ -103,6 +108,7 @@ class InMemoryTenancy:
     running: dict[str, int] = field(default_factory=dict)
     closed: bool = False
     recorded: asyncio.Event | None = None
+    usage_durable: bool = True
 
     def add_key(self, secret: str, tenant: InMemoryTenant) -> None:
         self.keys[secret] = tenant

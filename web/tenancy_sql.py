@@ -94,6 +94,13 @@ class SqlTenancy:
     async def admit(
         self, principal: Principal, request_id: str, prompt_tokens: int, max_tokens: int
     ) -> Ticket:
+        if not self._meter.healthy:
+            # Work served now could not be billed: refuse it until usage is durable again.
+            raise unavailable(
+                "Usage cannot be recorded right now; retry shortly.",
+                RETRY_AFTER_S,
+                code="usage_unavailable",
+            )
         ctx = self._contexts[principal.key_id or ""]
         ambiguous = False
         if not self.monitor.down:
@@ -153,6 +160,10 @@ class SqlTenancy:
 
     async def ready(self) -> bool:
         return await self.monitor.check()
+
+    @property
+    def usage_durable(self) -> bool:
+        return self._meter.healthy
 
     async def close(self) -> None:
         await self.monitor.stop()
