@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 class SamplerOutput(NamedTuple):
@@ -85,14 +87,20 @@ class Sampler:
         generators: Sequence[torch.Generator | None],
     ) -> torch.Tensor:  # [num_rows] int64
         device = logits.device
-        temperatures = torch.tensor([p.temperature for p in params], device=device)
-        logits = filter_logits(logits / temperatures[:, None], params)
-        probs = torch.softmax(logits, dim=-1)
+        temperatures = [max(p.temperature, GREEDY_TEMPERATURE) for p in params]
+        # A NaN logit is never chosen and +inf is the largest finite value; shifted so that each
+        # row's best is 0 before the temperature divides it, nothing overflows to +inf.
+        clean = torch.nan_to_num(logits, nan=float("-inf"), posinf=_FLOAT32_MAX)
+        shifted = clean - clean.max(dim=-1, keepdim=True).values
+        scaled = shifted / torch.tensor(temperatures, dtype=torch.float32, device=device)[:, None]
+        probs = torch.softmax(filter_logits(scaled, params), dim=-1)
         min_ps = [p.min_p for p in params]
         if any(m > 0.0 for m in min_ps):
             min_p = torch.tensor(min_ps, device=device)
             threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
+        # A row with no finite logit at all has no distribution: it takes its argmax instead.
+        broken = ~torch.isfinite(probs).all(dim=-1)
         noise = torch.empty_like(probs)
         shared = [i for i, g in enumerate(generators) if g is None]
         if shared:
@@ -102,7 +110,12 @@ class Sampler:
         for i, generator in enumerate(generators):
             if generator is not None:
                 noise[i].exponential_(generator=generator)
-        return (probs / noise).argmax(dim=-1)
+        # Filtered-out tokens can never win the race, even against a noise draw of exactly 0.
+        scores = (probs / noise).masked_fill(~(probs > 0.0), -1.0)
+        chosen = scores.argmax(dim=-1)
+        if bool(broken.any()):
+            chosen = torch.where(broken, clean.argmax(dim=-1), chosen)
+        return chosen
 
 
 def filter_logits(
@@ -128,5 +141,6 @@ def filter_logits(
         # Keep a token while the mass before it is below top_p: the first one always stays.
         mass_before = probs.cumsum(dim=-1) - probs
         mask |= mass_before >= torch.tensor(top_ps, device=device)[:, None]
+    mask[:, 0] = False  # the best token always stays (a top_p below float32's range is 0 here)
     sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, sorted_ids, sorted_logits)

@@ -7,13 +7,18 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 
+# Temperatures below this are greedy (as in vLLM): dividing float32 logits by less overflows them,
+# or by a value that underflows to 0 (1e-300) turns every probability into NaN.
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How one request's tokens are chosen and when it stops.
 
-    temperature 0 means greedy; top_k 0 (or -1) means no top-k; top_p 1.0 and min_p 0.0 disable
-    those filters. ``seed`` makes sampling reproducible whatever else shares the batch.
+    temperature 0 (or anything below ``GREEDY_TEMPERATURE``, 1e-5) means greedy; top_k 0 (or -1)
+    means no top-k; top_p 1.0 and min_p 0.0 disable those filters. ``seed`` makes sampling
+    reproducible whatever else shares the batch.
     """
 
     max_tokens: int = 16
@@ -30,7 +35,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the offending parameter."""
