@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 CPU_MAX_NUM_BATCHED_TOKENS = 2048
 GPU_MAX_NUM_BATCHED_TOKENS = 8192
@@ -20,7 +21,10 @@ class EngineConfig:
     0 turns drafting off), matching the last ``speculative_ngram`` tokens (or at least two).
     Steps with more than ``speculative_max_batch`` decodes run no drafts (None: no limit): where a
     step is bound by its multiply-adds a draft row costs about what a decode's own does, which
-    pays only when most drafts are right.
+    pays only when most drafts are right. ``target_tpot_ms`` bounds a step's time, so each
+    running request's time per output token (``engine/step_target.py``): new requests are
+    admitted and prefill chunks sized only while steps stay within it; "auto" derives it from
+    costs measured at start; None sets no bound.
     """
 
     page_size: int = 16
@@ -33,6 +37,7 @@ class EngineConfig:
     speculative_tokens: int = 4
     speculative_ngram: int = 3
     speculative_max_batch: int | None = None
+    target_tpot_ms: float | Literal["auto"] | None = None
     dtype: str = "bfloat16"
     device: str = "cpu"
 
@@ -58,6 +63,9 @@ class EngineConfig:
             raise ValueError("speculative_ngram must be at least 2")
         if self.speculative_max_batch is not None and self.speculative_max_batch <= 0:
             raise ValueError("speculative_max_batch must be positive")
+        target = self.target_tpot_ms
+        if target is not None and target != "auto" and not 0 < target < float("inf"):
+            raise ValueError('target_tpot_ms must be a positive number of milliseconds or "auto"')
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
 

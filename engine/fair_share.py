@@ -4,13 +4,13 @@ Each tenant's counter grows by ``(w_in·uncached + w_cached·cached + w_out·out
 work runs. The next admission comes from the backlogged tenant with the smallest counter; a tenant
 returning from idle is lifted to the smallest counter among the tenants that are backlogged or
 running (or, when none are, to the largest counter any tenant has reached: an idle engine banks
-nobody's credit), and wins the tie with the tenants at that counter until it is next served. A
-tenant holding fewer running slots than its weighted share of ``max_num_seqs`` goes before every
-tenant at or above its share, so a tenant that floods the engine with requests cannot keep the
-slots to itself. Among tenants level on all of that, the one with the fewest requests waiting
-or running goes first. Tenants served ahead of the least-served one take at most their weighted
-share of a step's prefill budget (``prefill_caps``). Inside a tenant, the request with the longest
-cached prefix goes first (measured once, on arrival).
+nobody's credit), and wins the tie with the tenants at that counter until it is next served.
+Among tenants level on all of that, the one with the fewest requests waiting or running goes
+first. The counter alone decides, whatever the tenants' requests cost: a tenant of long prompts
+and one of long answers each get their weight's share of the work, not of the slots. Tenants
+served ahead of the least-served one take at most their weighted share of a step's prefill
+budget (``prefill_caps``). Inside a tenant, the request with the longest cached prefix goes
+first (measured once, on arrival).
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ from engine.request import Request
 
 # A capped tenant's share of a step's prefill budget is never below 1/MIN_SHARE_DIVISOR of it.
 MIN_SHARE_DIVISOR = 8
+# A running request is preempted to free a slot for a tenant that already runs some only when
+# its tenant's counter is this far ahead (about 500 output tokens of weight-1 service): counters
+# of tenants served fairly stay within a request's cost of each other, and preempting at smaller
+# leads trades work (the victim's unfinished page is computed again) for no fairness.
+PREEMPT_LEAD = 1024.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +62,10 @@ class FairSharePolicy(AdmissionPolicy):
         self,
         costs: FairShareCosts | None = None,
         prefix_len: Callable[[Request], int] | None = None,
+        preempt_lead: float = PREEMPT_LEAD,
     ) -> None:
         self.costs = costs or FairShareCosts()
+        self.preempt_lead = preempt_lead
         self._prefix_len = prefix_len
         self._tenants: dict[str, _Tenant] = {}
         self._backlogged: set[str] = set()
@@ -66,7 +73,6 @@ class FairSharePolicy(AdmissionPolicy):
         self._seq = itertools.count()
         self._num_waiting = 0
         self._slots: Mapping[str, int] = {}  # running requests per tenant (the scheduler's)
-        self._max_num_seqs = 0
         self._max_counter = 0.0  # the largest counter reached: the floor of an idle engine
 
     # -- counters -----------------------------------------------------------------------------
@@ -95,7 +101,6 @@ class FairSharePolicy(AdmissionPolicy):
 
     def bind_running(self, slots: Mapping[str, int], max_num_seqs: int) -> None:
         self._slots = slots
-        self._max_num_seqs = max_num_seqs
 
     def _tenant(self, request: Request) -> _Tenant:
         tenant = self._tenants.get(request.tenant_id)
@@ -151,9 +156,8 @@ class FairSharePolicy(AdmissionPolicy):
         self._num_waiting += 1
 
     def _next_tenant(self, skip: Collection[str] = ()) -> _Tenant | None:
-        under_share = self._under_share()
         best: _Tenant | None = None
-        best_key: tuple[bool, float, bool, int, int] | None = None
+        best_key: tuple[float, bool, int, int] | None = None
         slots = self._slots
         for tenant_id in self._backlogged:
             if tenant_id in skip:
@@ -161,7 +165,6 @@ class FairSharePolicy(AdmissionPolicy):
             tenant = self._tenants[tenant_id]
             self._drop_removed(tenant)
             key = (
-                tenant_id not in under_share,
                 tenant.counter,
                 not tenant.returning,
                 # Among equals, the tenant with the fewest requests in the engine goes first:
@@ -172,21 +175,6 @@ class FairSharePolicy(AdmissionPolicy):
             if best_key is None or key < best_key:
                 best, best_key = tenant, key
         return best
-
-    def _under_share(self) -> set[str]:
-        """Backlogged tenants running fewer requests than their weighted share of the slots
-        (among tenants that are backlogged or running); O(tenants)."""
-        if not self._max_num_seqs:
-            return set()
-        slots = self._slots
-        active = self._active()
-        total = sum(self._tenants[t].weight for t in active if t in self._tenants)
-        if total <= 0:
-            return set()
-        per_weight = self._max_num_seqs / total
-        return {
-            t for t in self._backlogged if slots.get(t, 0) < per_weight * self._tenants[t].weight
-        }
 
     def prefill_caps(self, budget: int) -> dict[str, int] | None:
         """Caps for the tenants served more than the least-served active one: each may run its
@@ -259,8 +247,18 @@ class FairSharePolicy(AdmissionPolicy):
     def num_waiting_by_tenant(self) -> dict[str, int]:
         return {t: self._tenants[t].num_waiting for t in self._backlogged}
 
-    def pick_victim(self, candidates: list[Request]) -> Request | None:
-        """Preempt from the tenant with the largest counter, its most recent admission first."""
+    def pick_victim(
+        self, candidates: list[Request], beneficiary: Request | None = None
+    ) -> Request | None:
+        """Preempt from the tenant with the largest counter, its most recent admission first.
+        For a ``beneficiary`` only from a tenant served at least as much as its own; unless
+        the beneficiary's tenant runs nothing at all (then it is not kept waiting behind long
+        generations), at least ``preempt_lead`` more."""
+        if beneficiary is not None:
+            floor = self.counter(beneficiary.tenant_id)
+            if self._slots.get(beneficiary.tenant_id, 0) > 0:
+                floor += self.preempt_lead
+            candidates = [r for r in candidates if self.counter(r.tenant_id) >= floor]
         if not candidates:
             return None
         return max(candidates, key=lambda r: (self.counter(r.tenant_id), r.admitted_index))

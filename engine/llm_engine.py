@@ -26,6 +26,8 @@ from engine.sampler import Sampler
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.speculative import NgramDrafter
 from engine.stats import EngineSnapshot, EngineStats
+from engine.step_calibration import measure_step_costs
+from engine.step_target import StepTarget
 from radix_cache.errors import IsolationError
 from radix_cache.page_pool import PagePool
 from radix_cache.prefix_cache import (
@@ -97,6 +99,7 @@ class LLMEngine:
             dtype=dtype,
             device=device,
         )
+        self.scheduler.target = self._step_target(config)
         self.sampler = Sampler()
         self.stats = EngineStats()
         self._requests: dict[str, Request] = {}  # live requests only
@@ -111,6 +114,31 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             cache=type(self.cache).__name__,
         )
+
+    def _step_target(self, config: EngineConfig) -> StepTarget | None:
+        """The step-time target of ``config``, with this machine's measured step costs."""
+        if config.target_tpot_ms is None:
+            return None
+        try:
+            costs = measure_step_costs(
+                self.runner, self.cache.pool, config.max_num_seqs, config.token_budget
+            )
+        except ValueError as exc:
+            log.warning("step_target_off", reason=str(exc))
+            return None
+        auto = config.target_tpot_ms == "auto"
+        target_s = costs.auto_target_s() if auto else float(config.target_tpot_ms) / 1000
+        target = StepTarget(target_s, costs, min_prefill_tokens=config.page_size)
+        log.info(
+            "step_target",
+            target_tpot_ms=round(target_s * 1000, 1),
+            derived=auto,
+            fixed_ms=round(costs.fixed_s * 1000, 2),
+            per_decode_ms=round(costs.per_decode_s * 1000, 3),
+            per_prefill_token_ms=round(costs.per_prefill_token_s * 1000, 4),
+            max_decodes=target.max_decodes,
+        )
+        return target
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -248,8 +276,12 @@ class LLMEngine:
         self.scheduler.postprocess(out, rejected)
         for seq, tokens in zip(sampled, new_tokens, strict=True):
             outputs.append(self._append_tokens(seq.request, tokens))
-        stats.postprocess_s += time.perf_counter() - t4
+        t5 = time.perf_counter()
+        stats.postprocess_s += t5 - t4
         stats.num_steps += 1
+        target = self.scheduler.target
+        if target is not None:
+            target.observe(out.num_decodes, out.num_batched_tokens - out.num_decodes, t5 - t0)
         return outputs
 
     def _check_isolation(self, seq: ScheduledSeq, outputs: list[RequestOutput]) -> bool:

@@ -81,8 +81,11 @@ class AdmissionPolicy(ABC):
             return float("inf")
         return float(request.admitted_index)
 
-    def pick_victim(self, candidates: list[Request]) -> Request | None:
-        """The running request to preempt when pages run out: the most recently admitted."""
+    def pick_victim(
+        self, candidates: list[Request], beneficiary: Request | None = None
+    ) -> Request | None:
+        """The running request to preempt when pages run out (or, with ``beneficiary``, to
+        give a slot to that waiting request): the most recently admitted."""
         if not candidates:
             return None
         return max(candidates, key=lambda request: request.admitted_index)

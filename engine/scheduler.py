@@ -21,6 +21,7 @@ import structlog
 
 from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus
+from engine.step_target import StepTarget
 from radix_cache.prefix_cache import PrefixCache
 
 log = structlog.get_logger(__name__)
@@ -44,6 +45,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)  # ended for lack of KV capacity
     num_batched_tokens: int = 0
+    num_decodes: int = 0  # of the sequences, decodes (the rest of the tokens are prefill/drafts)
 
     @property
     def is_empty(self) -> bool:
@@ -61,6 +63,7 @@ class Scheduler:
         max_num_seqs: int,
         drafter: Drafter | None = None,
         max_draft_batch: int | None = None,
+        target: StepTarget | None = None,
     ) -> None:
         if max_num_seqs > max_num_batched_tokens:
             raise ValueError("max_num_seqs must not exceed max_num_batched_tokens")
@@ -71,14 +74,24 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.drafter = drafter
         self.max_draft_batch = max_draft_batch  # steps with more decodes run no drafts
+        self.target = target  # the step-time bound on running requests and prefill, if any
         self.running: list[Request] = []  # in order of admission
         self.slots: dict[str, int] = {}  # running requests per tenant
         policy.bind_running(self.slots, max_num_seqs)
+        self._slot_limit = max_num_seqs  # this step's ``slot_limit``
         self._num_admissions = 0
 
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def slot_limit(self) -> int:
+        """Requests that may run at once now: the slots, or fewer while the step-time target
+        holds fewer decodes."""
+        if self.target is None:
+            return self.max_num_seqs
+        return min(self.max_num_seqs, self.target.max_decodes)
 
     @property
     def num_waiting(self) -> int:
@@ -98,6 +111,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
+        self._slot_limit = self.slot_limit
         self._free_slot_for_fairness(out)
         num_fair_preemptions = len(out.preempted)
         key = self.policy.service_key
@@ -107,7 +121,12 @@ class Scheduler:
         prefills = sorted((r for r in self.running if r.num_remaining_tokens > 1), key=key)
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
-        num_decodes = len(out.seqs)
+        num_decodes = out.num_decodes = len(out.seqs)
+        # Within a step-time target, prefill gets what the decodes leave of the step's time.
+        held_back = 0
+        if self.target is not None and num_decodes:
+            held_back = max(0, budget - self.target.prefill_budget(num_decodes))
+            budget -= held_back
         # Tenants served ahead of others take at most their share of the prefill budget.
         caps = self.policy.prefill_caps(budget)
         for request in prefills:
@@ -124,7 +143,7 @@ class Scheduler:
             budget = self._admit(out, budget, scheduled, caps)
         if self.drafter is not None and budget > 0:
             budget = self._add_drafts(out, num_decodes, budget)
-        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        out.num_batched_tokens = self.max_num_batched_tokens - budget - held_back
         return out
 
     def _add_drafts(self, out: SchedulerOutput, num_decodes: int, budget: int) -> int:
@@ -191,11 +210,14 @@ class Scheduler:
         return budget - num_new
 
     def _free_slot_for_fairness(self, out: SchedulerOutput) -> None:
-        """Every slot is taken and the next tenant in line holds fewer slots than its weighted
-        share while another holds more: preempt one of the other's requests (chosen by the policy)
-        so the newcomer does not wait for long generations to end. The victim's computed full
-        pages stay cached, so it resumes cheaply. At most one per step; O(running)."""
-        if len(self.running) < self.max_num_seqs or not self.cache.shares_pages:
+        """Every slot is taken (up to the slot limit) and the next tenant in line holds fewer
+        slots than its weighted share while another holds more: preempt one of the other's
+        requests (chosen by the policy, which takes none from a tenant served less than the
+        next one) so the newcomer does not wait for long generations to end. The victim's
+        computed full pages stay cached, so it resumes cheaply. At most one per step;
+        O(running)."""
+        limit = self._slot_limit
+        if len(self.running) < limit or not self.cache.shares_pages:
             return
         head = self.policy.peek()
         if head is None:
@@ -207,12 +229,12 @@ class Scheduler:
         total_weight = sum(max(w, 1e-9) for w in weights.values())
 
         def fair(tenant_id: str) -> float:
-            return self.max_num_seqs * max(weights[tenant_id], 1e-9) / total_weight
+            return limit * max(weights[tenant_id], 1e-9) / total_weight
 
         if slots.get(head.tenant_id, 0) + 1 > fair(head.tenant_id):
             return
         over = [r for r in self.running if slots[r.tenant_id] - 1 >= fair(r.tenant_id)]
-        victim = self.policy.pick_victim(over)
+        victim = self.policy.pick_victim(over, beneficiary=head)
         if victim is not None:
             self._preempt(victim)
             out.preempted.append(victim)
@@ -232,7 +254,7 @@ class Scheduler:
         busy, and must not queue behind that tenant's chunks)."""
         deferred: list[Request] = []
         skip = {t for t, cap in caps.items() if cap <= 0} if caps else set()
-        while budget > 0 and len(self.running) < self.max_num_seqs:
+        while budget > 0 and len(self.running) < self._slot_limit:
             request = self.policy.peek(skip)
             if request is None:
                 break

@@ -88,7 +88,7 @@ def test_a_returning_tenant_wins_the_tie_once_then_alternates() -> None:
     assert after is not None and after.tenant_id == "busy"
 
 
-def test_a_tenant_under_its_slot_share_goes_before_the_tenant_holding_the_slots() -> None:
+def test_the_counter_decides_whatever_slots_the_tenants_hold() -> None:
     policy = FairSharePolicy()
     slots: dict[str, int] = {}
     policy.bind_running(slots, max_num_seqs=8)
@@ -96,13 +96,28 @@ def test_a_tenant_under_its_slot_share_goes_before_the_tenant_holding_the_slots(
         policy.add(make_request("flood"))
     policy.add(make_request("quiet"))
     policy.charge(make_request("quiet"), 0, 0, 50)  # quiet's counter is now far above flood's
-    assert policy.pop().tenant_id == "flood"  # nobody runs yet: the smaller counter goes first
-    slots["flood"] = 3  # under its share of 4 (two active tenants, equal weights)
-    assert policy.peek() is not None and policy.peek().tenant_id == "flood"  # type: ignore[union-attr]
-    slots["flood"] = 4  # at its share: the quiet tenant (no slot) goes first despite its counter
+    slots["flood"] = 6  # more than half of the slots: still the less-served tenant goes first
+    assert policy.pop().tenant_id == "flood"
+    policy.charge(make_request("flood"), 0, 0, 60)  # now flood has been served more
     assert policy.pop().tenant_id == "quiet"
-    slots["quiet"] = 1
-    assert policy.pop().tenant_id == "flood"  # quiet has nothing left waiting
+
+
+def test_a_victim_for_another_tenant_comes_from_a_tenant_ahead_of_it() -> None:
+    policy = FairSharePolicy(preempt_lead=100.0)
+    waiting = make_request("quiet")
+    policy.add(waiting)
+    near, far = make_request("near"), make_request("far")
+    policy.charge(near, 0, 0, 40)  # 80 ahead of quiet's 0
+    policy.charge(far, 0, 0, 60)  # 120 ahead
+    slots = {"quiet": 1, "near": 1, "far": 1}
+    policy.bind_running(slots, max_num_seqs=3)
+    assert policy.pick_victim([near, far], beneficiary=waiting) is far
+    assert policy.pick_victim([near], beneficiary=waiting) is None
+    assert policy.pick_victim([near]) is near  # for pages, any running request may go
+    slots["quiet"] = 0  # a tenant that runs nothing is not kept waiting by any tenant ahead
+    assert policy.pick_victim([near], beneficiary=waiting) is near
+    policy.charge(waiting, 0, 0, 50)  # but never by taking from a tenant served less
+    assert policy.pick_victim([near], beneficiary=waiting) is None
 
 
 def test_a_tenant_arriving_at_an_idle_engine_gets_no_credit_for_what_others_were_served() -> None:

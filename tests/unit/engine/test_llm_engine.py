@@ -153,3 +153,32 @@ def test_snapshot_counts_per_tenant(tiny: LoadedModel) -> None:
     assert snapshot.waiting_by_tenant == {"y": 1}
     assert snapshot.num_pages_free == snapshot.num_pages_total - 1
     assert snapshot.counters.num_steps == 1 and snapshot.counters.forward_s > 0
+
+
+def test_a_step_time_target_measures_costs_and_keeps_outputs_the_same(tiny: LoadedModel) -> None:
+    prompts = {f"r{i}": list(range(i, i + 20)) for i in range(6)}
+
+    def run(**overrides: object) -> tuple[LLMEngine, dict[str, list[int]]]:
+        engine = make_engine(tiny, num_pages=96, **overrides)
+        for rid, prompt in prompts.items():
+            engine.add_request(GenerateRequest(rid, prompt, GREEDY))
+        return engine, {rid: tokens_of(out) for rid, out in run_all(engine).items()}
+
+    untargeted, reference = run()
+    assert untargeted.scheduler.target is None
+    auto, auto_tokens = run(target_tpot_ms="auto")
+    target = auto.scheduler.target
+    assert target is not None
+    costs = target.costs
+    assert costs.per_decode_s > 0 and costs.per_prefill_token_s > 0
+    assert target.target_s == pytest.approx(costs.auto_target_s())
+    assert pool_is_whole(auto)  # the measurement handed back every page it borrowed
+    # One decode at a time: the same greedy tokens, only later.
+    tight, tight_tokens = run(target_tpot_ms=1e-6)
+    assert tight.scheduler.slot_limit == 1
+    assert auto_tokens == tight_tokens == reference
+
+
+def pool_is_whole(engine: LLMEngine) -> bool:
+    pool = engine.cache.pool
+    return all(not pool.owner(page).startswith("req:") for page in range(pool.num_pages))

@@ -361,11 +361,10 @@ def test_a_tenant_under_its_slot_share_gets_a_slot_within_a_step_of_arriving() -
         sim.step()
     assert sim.scheduler.slots == {"flood": 4}
     quiet = sim.add("quiet", [9, 8, 7], max_tokens=3, tenant="quiet")
-    sim.policy.charge(quiet, 0, 0, 500)  # served much more than the flood so far, by counter
     for _ in range(2):
         sim.step()
     # One flood request gave its slot up (its pages stay cached) and the quiet one runs, ahead
-    # of the four flood requests still waiting, whose counter is lower.
+    # of the four flood requests still waiting: lifted to the flood's counter, it wins the tie.
     assert quiet.num_output_tokens >= 1
     assert sim.scheduler.slots == {"flood": 3, "quiet": 1}
     sim.run()

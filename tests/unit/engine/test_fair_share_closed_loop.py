@@ -1,0 +1,79 @@
+"""Weighted fair share over time: tenants keeping requests in flight get their weights' shares.
+
+Over the slots, service converges to the weights whatever the arrival order and whatever the
+tenants' requests cost (long prompts, long answers, cached prefixes). Within the slots, a
+step-time target holds fewer requests running, so a queue forms and the weights act there too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.step_target import StepCosts, StepTarget
+from tests.support.closed_loop import ClosedLoop, Shape
+
+WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
+ORDERS = [("w1", "w2", "w4"), ("w4", "w2", "w1")]
+# Each tenant's requests cost differently: long uncached prompts and short answers, short
+# prompts and long answers, a long cached system prompt with a short question.
+MIXED = {"w1": Shape(0, 400, 16), "w2": Shape(0, 40, 100), "w4": Shape(320, 30, 48)}
+SAME = {t: Shape(32, 64, 48) for t in WEIGHTS}
+
+
+def start(loop: ClosedLoop, order: tuple[str, ...], in_flight: int, gap: int = 30) -> None:
+    """Each tenant starts ``gap`` steps after the one before it; nothing is counted yet."""
+    for tenant in order:
+        loop.start(tenant, in_flight)
+        loop.run(gap, count=False)
+
+
+def assert_shares(shares: dict[str, float], tolerance: float = 0.05) -> None:
+    for tenant, share in shares.items():
+        assert share == pytest.approx(1.0, abs=tolerance), (tenant, shares)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_over_the_slots_work_follows_the_weights_whatever_the_requests_cost(
+    order: tuple[str, ...],
+) -> None:
+    loop = ClosedLoop(WEIGHTS, MIXED, max_num_seqs=32)
+    start(loop, order, in_flight=24)
+    loop.run(1500, count=False)  # the first tenant's head start is behind us
+    loop.run(2000)
+    assert_shares(loop.shares(loop.work))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_over_the_slots_a_late_light_tenant_gets_its_share_of_tokens(
+    order: tuple[str, ...],
+) -> None:
+    loop = ClosedLoop(WEIGHTS, SAME, max_num_seqs=32, num_pages=900)  # tight: pages run out too
+    start(loop, order, in_flight=24)
+    loop.run(600, count=False)
+    loop.run(1500)
+    assert_shares(loop.shares(loop.tokens))
+
+
+# A machine whose step takes 10 ms plus 2 ms per decode and 0.5 ms per prefill token.
+COSTS = StepCosts(fixed_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_within_the_slots_a_step_time_target_forms_the_queue_where_weights_act(
+    order: tuple[str, ...],
+) -> None:
+    # 3 x 8 requests fit the 32 slots; without a target each tenant gets a third.
+    untargeted = ClosedLoop(WEIGHTS, SAME, max_num_seqs=32)
+    start(untargeted, order, in_flight=8)
+    untargeted.run(1200)
+    assert_shares(
+        {t: s * WEIGHTS[t] * 3 / 7 for t, s in untargeted.shares(untargeted.tokens).items()}
+    )
+    # A 40 ms target holds 15 decodes: the other requests queue, and fair share picks.
+    target = StepTarget(0.040, COSTS)
+    loop = ClosedLoop(WEIGHTS, SAME, max_num_seqs=32, target=target)
+    start(loop, order, in_flight=8)
+    loop.run(600, count=False)
+    loop.run(2000)
+    assert loop.max_running <= target.max_decodes == 15
+    assert_shares(loop.shares(loop.tokens))
