@@ -63,6 +63,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         max_model_len=settings.max_model_len,
         speculative_tokens=settings.speculative_tokens,
         speculative_max_batch=settings.speculative_max_batch,
+        target_tpot_ms=settings.engine_target_tpot_ms,
         dtype=settings.resolved_dtype,
         device=device,
     )

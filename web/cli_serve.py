@@ -86,6 +86,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="steps with more decodes than this run no drafts (default: no limit)",
     )
+    parser.add_argument(
+        "--target-tpot-ms",
+        dest="target_tpot_ms",
+        default=None,
+        help="the longest a step may take (time per output token): auto (default), off or ms",
+    )
     parser.set_defaults(func=run_serve)
 
 

@@ -172,7 +172,7 @@ class GenerationService:
     ) -> Job:
         self.check_open()
         params.validate()
-        async with self.admission_gate.hold(principal.tenant_id):
+        async with self.admission_gate.hold(principal.tenant_id, principal.weight):
             ticket = await self.tenancy.admit(
                 principal, request_id, len(prompt_token_ids), params.max_tokens
             )

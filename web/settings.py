@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -37,6 +38,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     speculative_tokens: int = 4
     # Steps with more decodes than this run no drafts (None: no limit).
     speculative_max_batch: int | None = None
+    # The longest a step may take, so each running request's time per output token: "auto"
+    # (derived from step costs measured at start), a number of milliseconds, or "off".
+    target_tpot_ms: str = "auto"
     # Default max_tokens when a request names none: the remaining context, capped at this.
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20
@@ -74,8 +78,23 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError("torch_threads must be positive")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise SettingsError("max_num_batched_tokens must be positive")
+        self.engine_target_tpot_ms  # noqa: B018 (validates)
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
+
+    @property
+    def engine_target_tpot_ms(self) -> float | Literal["auto"] | None:
+        """``target_tpot_ms`` as the engine takes it (None: no target)."""
+        value = self.target_tpot_ms.strip().lower()
+        if value in ("auto", "off"):
+            return None if value == "off" else "auto"
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not 0 < number < math.inf:
+            raise SettingsError('target_tpot_ms must be "auto", "off" or a positive number')
+        return number
 
     @property
     def resolved_device(self) -> str:

@@ -88,3 +88,29 @@ def test_capacity_must_be_positive_and_follows_the_database() -> None:
         FairGate(0)
     assert admission_concurrency("sqlite+aiosqlite:///./atrium.db") == 1
     assert admission_concurrency("postgresql+asyncpg://localhost/test") > 1
+
+
+def test_waiting_tenants_get_grants_by_weight_and_a_newcomer_banks_nothing() -> None:
+    async def scenario() -> list[str]:
+        gate = FairGate(1)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def hold(tenant: str, weight: float) -> None:
+            async with gate.hold(tenant, weight):
+                order.append(tenant)
+                await release.wait()
+
+        first = asyncio.create_task(hold("x", 1.0))
+        await asyncio.sleep(0)
+        tasks = [asyncio.create_task(hold("heavy", 3.0)) for _ in range(12)]
+        tasks += [asyncio.create_task(hold("light", 1.0)) for _ in range(12)]
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(first, *tasks)
+        return order[1:]
+
+    order = asyncio.run(scenario())
+    # While both wait, three grants of the weight-3 tenant for each of the weight-1 tenant.
+    assert order[:8] == ["heavy", "light", "heavy", "heavy", "heavy", "light", "heavy", "heavy"]
+    assert order[:16].count("heavy") == 12

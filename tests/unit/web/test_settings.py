@@ -90,3 +90,13 @@ def test_dtype_auto_is_resolved_for_the_cpu_and_explicit_dtypes_are_kept(
         assert settings.resolved_dtype == expected
         explicit = Settings.load({"device": "cpu"}, environ={"ATRIUM_DTYPE": "bfloat16"})
         assert explicit.resolved_dtype == "bfloat16"
+
+
+def test_target_tpot_is_auto_by_default_and_takes_off_or_milliseconds() -> None:
+    assert Settings.load(environ={}).engine_target_tpot_ms == "auto"
+    assert Settings.load(environ={"ATRIUM_TARGET_TPOT_MS": "off"}).engine_target_tpot_ms is None
+    assert Settings.load(environ={"ATRIUM_TARGET_TPOT_MS": "80"}).engine_target_tpot_ms == 80.0
+    assert Settings.load({"target_tpot_ms": "12.5"}, environ={}).engine_target_tpot_ms == 12.5
+    for bad in ("0", "-5", "fast", "inf", "nan"):
+        with pytest.raises(SettingsError, match="target_tpot_ms"):
+            Settings.load(environ={"ATRIUM_TARGET_TPOT_MS": bad})
