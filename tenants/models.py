@@ -201,3 +201,15 @@ class Setting(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class ConsoleSessionRow(Base):
+    """A console sign-in. Only the SHA-256 of its random id is kept, so a copy of the table
+    cannot be replayed as a cookie; ``admin_binding`` ties it to the admin token it began under."""
+
+    __tablename__ = "console_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # hex SHA-256
+    admin_binding: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)

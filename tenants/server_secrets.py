@@ -1,6 +1,7 @@
 """Server secrets kept in the ``settings`` table: the key-HMAC secret and the admin token hash.
 
 Both are created once with insert-if-absent, so concurrent gateway processes agree on them.
+Setting a new admin token ends every console session opened under another one.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ import hashlib
 import hmac
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from tenants.database import Database
-from tenants.models import Setting
+from tenants.models import ConsoleSessionRow, Setting
 from tenants.upsert import insert_ignore, insert_or_replace
 
 KEY_SECRET = "key_hmac_secret"
@@ -21,7 +22,12 @@ MIN_SECRET_BYTES = 16
 
 
 def _sha256(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def session_binding(admin_token_hash: str) -> str:
+    """What a console session records of the admin token it was opened under."""
+    return _sha256(f"atrium console session:{admin_token_hash}")
 
 
 async def _get_or_create(db: Database, key: str, candidate: str) -> str:
@@ -49,8 +55,12 @@ async def ensure_admin_token(db: Database, given: str | None) -> str | None:
         # One statement, so gateways starting together on one database each set it (the same
         # value) instead of racing a delete and an insert into a duplicate key.
         row = {"key": ADMIN_TOKEN_HASH, "value": _sha256(given)}
+        binding = session_binding(row["value"])
         async with db.transaction() as session:
             await session.execute(insert_or_replace(db, Setting, [row], ["key"]))
+            await session.execute(
+                delete(ConsoleSessionRow).where(ConsoleSessionRow.admin_binding != binding)
+            )
         return None
     token = "atr-admin-" + secrets.token_urlsafe(32)
     stored = await _get_or_create(db, ADMIN_TOKEN_HASH, _sha256(token))

@@ -28,6 +28,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     database_url: str = "sqlite+aiosqlite:///./atrium.db"
     admin_token: str | None = None
     server_secret: str | None = None
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto: trust it for the console
+    # cookie's Secure flag. Off by default, since any client can send the header.
+    trust_forwarded_proto: bool = False
     usage_spool_path: str = "./atrium-usage.spool"
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 64

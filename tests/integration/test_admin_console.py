@@ -1,13 +1,32 @@
-"""The console: sign-in, the session cookie, CSRF and cross-site refusals, and its pages."""
+"""The console: sign-in, server-side sessions and their cookie, CSRF and cross-site refusals,
+and its pages."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import hashlib
+import hmac
 import re
+import secrets
+import time
+from datetime import UTC, datetime, timedelta
 
 from litestar import Litestar
 from litestar.testing import TestClient
+from sqlalchemy import select, update
 
-from tests.integration.test_admin_app import ADMIN_TOKEN, anon, assert_error, db_url
+from tenants.database import Database
+from tenants.models import ConsoleSessionRow, Setting
+from tenants.server_secrets import ensure_admin_token
+from tests.integration.test_admin_app import (
+    ADMIN_TOKEN,
+    anon,
+    assert_error,
+    build_admin_app,
+    db_url,
+)
+from web.settings import Settings
 
 __all__ = ["anon", "db_url"]  # fixtures used below
 Client = TestClient[Litestar]
@@ -60,16 +79,118 @@ def test_the_api_takes_the_session_but_changes_need_the_csrf_header(anon: Client
     assert [e["actor"] for e in anon.get("/admin/v1/audit").json()] == ["console"]
 
 
-def test_a_forged_or_missing_session_is_refused(anon: Client) -> None:
+def test_a_forged_or_missing_session_is_refused(anon: Client, db_url: str) -> None:
     sign_in(anon)
     value = anon.cookies.get("atrium_console")
     assert value
     anon.cookies.clear()
     assert_error(anon.get("/admin/v1/tenants"), 401)
-    session_id, expires, signature = value.split(".")
-    forged = f"{session_id}.{int(expires) + 10**6}.{signature}"
-    anon.cookies.set("atrium_console", forged)
+    for forged in _forgeries_from_the_database(db_url):
+        anon.cookies.set("atrium_console", forged, path="/admin")
+        assert_error(anon.get("/admin/v1/tenants"), 401)
+        created = anon.post(
+            "/admin/v1/tenants", json={"name": "forged"}, headers={"X-CSRF-Token": forged}
+        )
+        assert_error(created, 401)
+        assert 'name="token"' in anon.get("/admin/").text
+    anon.cookies.set("atrium_console", value, path="/admin")
+    assert anon.get("/admin/v1/tenants").json() == []  # nobody created a tenant
+
+
+def _forgeries_from_the_database(url: str) -> list[str]:
+    """Cookies someone holding a copy of the database could make: signed with every secret it
+    stores (as console cookies once were), or its session rows presented as ids."""
+
+    async def read() -> tuple[list[str], list[str]]:
+        db = await Database.connect(url)
+        try:
+            async with db.sessions() as session:
+                settings = list(await session.scalars(select(Setting.value)))
+                rows = list(await session.execute(select(ConsoleSessionRow)))
+            return settings, [v for (row,) in rows for v in (row.id_hash, row.admin_binding)]
+        finally:
+            await db.close()
+
+    settings, stored = asyncio.run(read())
+    forged = []
+    expires = int(time.time()) + 10 * 365 * 86400
+    for value in settings:
+        bases = [value.encode()]
+        if re.fullmatch(r"(?:[0-9a-f]{2})+", value):
+            bases.append(bytes.fromhex(value))
+        for base in bases:
+            key = hmac.new(base, b"atrium console session", hashlib.sha256).digest()
+            body = f"{secrets.token_urlsafe(18)}.{expires}"
+            mac = hmac.new(key, f"session:{body}".encode(), hashlib.sha256).digest()
+            forged.append(f"{body}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}")
+    return forged + stored
+
+
+def test_a_signed_out_cookie_replayed_is_refused(anon: Client) -> None:
+    csrf = sign_in(anon)
+    value = anon.cookies.get("atrium_console")
+    assert value
+    anon.post("/admin/sign-out", data={"csrf_token": csrf}, follow_redirects=False)
+    anon.cookies.set("atrium_console", value, path="/admin")  # a copy kept from before
     assert_error(anon.get("/admin/v1/tenants"), 401)
+    refused = anon.post("/admin/v1/tenants", json={"name": "x"}, headers={"X-CSRF-Token": csrf})
+    assert_error(refused, 401)
+
+
+def test_a_new_admin_token_ends_console_sessions(anon: Client, db_url: str) -> None:
+    sign_in(anon)
+    assert anon.get("/admin/v1/tenants").status_code == 200
+    asyncio.run(_set_admin_token(db_url, "a-rotated-admin-token-987654321"))
+    assert_error(anon.get("/admin/v1/tenants"), 401)
+    assert 'name="token"' in anon.get("/admin/").text
+
+
+def test_a_session_ends_at_its_end_whatever_the_cookie_says(anon: Client, db_url: str) -> None:
+    sign_in(anon)
+    assert anon.get("/admin/v1/tenants").status_code == 200
+
+    async def expire() -> None:
+        db = await Database.connect(db_url)
+        try:
+            async with db.transaction() as session:
+                past = datetime.now(UTC) - timedelta(seconds=1)
+                await session.execute(update(ConsoleSessionRow).values(expires_at=past))
+        finally:
+            await db.close()
+
+    asyncio.run(expire())
+    assert_error(anon.get("/admin/v1/tenants"), 401)
+
+
+async def _set_admin_token(url: str, token: str) -> None:
+    db = await Database.connect(url)
+    try:
+        await ensure_admin_token(db, token)
+    finally:
+        await db.close()
+
+
+def _session_cookie(client: Client, headers: dict[str, str] | None = None) -> str:
+    response = client.post(
+        "/admin/sign-in", data={"token": ADMIN_TOKEN}, headers=headers, follow_redirects=False
+    )
+    assert response.status_code == 303
+    return str(response.headers["set-cookie"]).lower()
+
+
+def test_the_cookie_is_secure_over_tls_and_behind_a_trusted_proxy_only(db_url: str) -> None:
+    https = {"X-Forwarded-Proto": "https"}
+    with TestClient(build_admin_app(db_url)) as plain:
+        assert "secure" not in _session_cookie(plain)
+        assert "secure" not in _session_cookie(plain, https)  # anyone can send the header
+    with TestClient(build_admin_app(db_url), base_url="https://testserver.local") as tls:
+        assert "secure" in _session_cookie(tls)
+    trusting = Settings(database_url=db_url, admin_token=ADMIN_TOKEN, trust_forwarded_proto=True)
+    with TestClient(build_admin_app(db_url, settings=trusting)) as proxied:
+        assert "secure" in _session_cookie(proxied, https)
+        assert "secure" in _session_cookie(proxied, {"X-Forwarded-Proto": "http, https"})
+        assert "secure" not in _session_cookie(proxied, {"X-Forwarded-Proto": "http"})
+        assert "secure" not in _session_cookie(proxied)
 
 
 def test_cross_site_form_posts_are_refused(anon: Client) -> None:

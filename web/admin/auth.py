@@ -11,8 +11,8 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
 from tenants.server_secrets import verify_admin_token
-from web.admin.context import console_secret, database
-from web.admin.session import CSRF_HEADER, SESSION_COOKIE, csrf_matches, verify_session
+from web.admin.context import database
+from web.admin.session import CSRF_HEADER, csrf_matches, current_session
 from web.errors import ApiError
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -58,14 +58,13 @@ async def admin_actor(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
         if token and await verify_admin_token(database(connection), token):
             return TOKEN_ACTOR
         raise unauthorized("Incorrect admin token provided.")
-    secret = await console_secret(connection)
-    session = verify_session(secret, connection.cookies.get(SESSION_COOKIE))
+    session = await current_session(connection)
     if session is None:
         raise unauthorized()
     if connection.scope.get("method", "GET") not in SAFE_METHODS:
         if is_cross_site(connection):
             raise forbidden("Cross-site requests are refused.")
-        if not csrf_matches(secret, session, connection.headers.get(CSRF_HEADER)):
+        if not csrf_matches(session, connection.headers.get(CSRF_HEADER)):
             raise forbidden("Missing or invalid CSRF token.")
     return CONSOLE_ACTOR
 

@@ -1,12 +1,10 @@
-"""Where admin handlers find the app's shared objects: the database, the engine, the console secret.
+"""Where admin handlers find the app's shared objects: the database, the engine, the services.
 
 Everything lives on ``app.state`` (set by ``web.app.create_app``); nothing here is a module global.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +23,6 @@ from tenants.tenant_service import TenantService
 from tenants.usage_report import UsageReport
 from web.errors import ApiError
 
-CONSOLE_SECRET_STATE = "console_secret"
 SERVICES_STATE = "admin_services"
 
 
@@ -59,25 +56,6 @@ def database(connection: ASGIConnection[Any, Any, Any, Any]) -> Database:
 def engine(connection: ASGIConnection[Any, Any, Any, Any]) -> Any | None:
     """The app's ``AsyncEngine`` (or None when the gateway runs without one)."""
     return app_state(connection).get("engine")
-
-
-async def console_secret(connection: ASGIConnection[Any, Any, Any, Any]) -> bytes:
-    """The key that signs console sessions, derived once per app from a server secret."""
-    state = app_state(connection)
-    cached = state.get(CONSOLE_SECRET_STATE)
-    if isinstance(cached, bytes):
-        return cached
-    settings = state.get("settings")
-    configured = getattr(settings, "server_secret", None)
-    if isinstance(configured, str) and configured:
-        base = configured.encode("utf-8")
-    else:
-        # The database's key secret is shared by every gateway on it, so sessions survive
-        # restarts and work behind a load balancer.
-        base = await load_key_secret(database(connection))
-    secret = hmac.new(base, b"atrium console session", hashlib.sha256).digest()
-    state[CONSOLE_SECRET_STATE] = secret
-    return secret
 
 
 async def services(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminServices:

@@ -1,7 +1,8 @@
-"""Signed console session cookies and the CSRF tokens bound to them (stateless, HMAC-SHA256).
+"""The console session at the HTTP edge: its cookie, the session it names, its CSRF token.
 
-A session value is ``<session id>.<expires unix>.<signature>``; its CSRF token is an HMAC of the
-session id, so a token is worthless without the matching cookie and dies with it.
+The cookie carries only a random session id, checked against the server-side table
+(`tenants/console_sessions.py`). The CSRF token is an HMAC keyed by that id, so it is worthless
+without the matching cookie, dies with it, and nothing the server stores can produce it.
 """
 
 from __future__ import annotations
@@ -9,26 +10,45 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import secrets
-import time
-from typing import NamedTuple
+from typing import Any
+
+from litestar.connection import ASGIConnection
+
+from tenants.console_sessions import ConsoleSession, ConsoleSessions
+from web.admin.context import app_state, database
 
 SESSION_COOKIE = "atrium_console"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
-SESSION_TTL_S = 8 * 3600
+SESSIONS_STATE = "console_sessions"
 
 
-class Session(NamedTuple):
-    """A verified console session."""
+def console_sessions(connection: ASGIConnection[Any, Any, Any, Any]) -> ConsoleSessions:
+    """The app's session store (a test may leave one with its own clock on ``app.state``)."""
+    state = app_state(connection)
+    cached = state.get(SESSIONS_STATE)
+    if isinstance(cached, ConsoleSessions):
+        return cached
+    store = ConsoleSessions(database(connection))
+    state[SESSIONS_STATE] = store
+    return store
 
-    session_id: str
-    expires_at: int
+
+async def current_session(connection: ASGIConnection[Any, Any, Any, Any]) -> ConsoleSession | None:
+    """The live session the request's cookie names, or None."""
+    return await console_sessions(connection).check(connection.cookies.get(SESSION_COOKIE))
 
 
-def _mac(secret: bytes, purpose: str, message: str) -> str:
-    digest = hmac.new(secret, f"{purpose}:{message}".encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+def is_https(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """Whether the browser reached us over TLS: the request's own scheme, or the last
+    ``X-Forwarded-Proto`` hop when the settings say a TLS proxy in front sets it."""
+    if connection.url.scheme == "https":
+        return True
+    settings = app_state(connection).get("settings")
+    if not getattr(settings, "trust_forwarded_proto", False):
+        return False
+    forwarded = connection.headers.get("x-forwarded-proto", "")
+    return forwarded.rsplit(",", 1)[-1].strip().lower() == "https"
 
 
 def _same(expected: str, candidate: str) -> bool:
@@ -38,41 +58,15 @@ def _same(expected: str, candidate: str) -> bool:
     return hmac.compare_digest(expected.encode("ascii"), as_bytes)
 
 
-def issue_session(secret: bytes, now: float | None = None, ttl_s: int = SESSION_TTL_S) -> str:
-    """A new signed cookie value valid for ``ttl_s`` seconds."""
-    session_id = secrets.token_urlsafe(18)
-    expires_at = int(now if now is not None else time.time()) + ttl_s
-    body = f"{session_id}.{expires_at}"
-    return f"{body}.{_mac(secret, 'session', body)}"
-
-
-def verify_session(secret: bytes, value: str | None, now: float | None = None) -> Session | None:
-    """The session a cookie value carries, or None when it is absent, forged or expired."""
-    if not value:
-        return None
-    parts = value.split(".")
-    if len(parts) != 3:
-        return None
-    session_id, expires_raw, signature = parts
-    expected = _mac(secret, "session", f"{session_id}.{expires_raw}")
-    if not _same(expected, signature):
-        return None
-    try:
-        expires_at = int(expires_raw)
-    except ValueError:
-        return None
-    if expires_at <= (now if now is not None else time.time()):
-        return None
-    return Session(session_id=session_id, expires_at=expires_at)
-
-
-def csrf_token(secret: bytes, session: Session) -> str:
+def csrf_token(session: ConsoleSession) -> str:
     """The CSRF token forms and fetch calls must echo back for this session."""
-    return _mac(secret, "csrf", session.session_id)
+    key = session.session_id.encode("utf-8")
+    digest = hmac.new(key, b"atrium console csrf", hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def csrf_matches(secret: bytes, session: Session, candidate: str | None) -> bool:
+def csrf_matches(session: ConsoleSession, candidate: str | None) -> bool:
     """Constant-time check of a submitted CSRF token."""
     if not candidate:
         return False
-    return _same(csrf_token(secret, session), candidate)
+    return _same(csrf_token(session), candidate)

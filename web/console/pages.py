@@ -9,11 +9,10 @@ from litestar import Request, Response, get
 from litestar.params import FromQuery
 from litestar.response import Redirect
 
-from web.admin.context import console_secret, services
-from web.admin.session import csrf_token
+from web.admin.context import services
+from web.admin.session import csrf_token, current_session
 from web.admin.window import resolve_window
 from web.console.render import ROOT, render
-from web.console.signin import current_session
 
 ConsoleRequest = Request[Any, Any, Any]
 QUOTA_FIELDS = (
@@ -33,7 +32,7 @@ async def page(
     session = await current_session(request)
     if session is None:
         return Redirect(ROOT, status_code=303)
-    token = csrf_token(await console_secret(request), session)
+    token = csrf_token(session)
     return render(request, template, page=slug, title=title, csrf_token=token, **context)
 
 

@@ -1,4 +1,5 @@
-"""Console sign-in and sign-out: the admin token buys a signed, HttpOnly, SameSite=Strict cookie."""
+"""Console sign-in and sign-out: the admin token buys a server-side session in an HttpOnly,
+SameSite=Strict cookie (Secure over TLS); signing out ends it on the server."""
 
 from __future__ import annotations
 
@@ -9,27 +10,20 @@ from litestar.datastructures import Cookie
 from litestar.params import URLEncodedBody
 from litestar.response import Redirect
 
-from tenants.server_secrets import verify_admin_token
 from web.admin.auth import is_cross_site
-from web.admin.context import console_secret, database
 from web.admin.session import (
     CSRF_FIELD,
     SESSION_COOKIE,
-    SESSION_TTL_S,
-    Session,
+    console_sessions,
     csrf_matches,
-    issue_session,
-    verify_session,
+    current_session,
+    is_https,
 )
 from web.console.render import ROOT, render
 from web.errors import ApiError
 
 FormData = URLEncodedBody[dict[str, str]]
 COOKIE_PATH = "/admin"
-
-
-async def current_session(request: Request[Any, Any, Any]) -> Session | None:
-    return verify_session(await console_secret(request), request.cookies.get(SESSION_COOKIE))
 
 
 def session_cookie(request: Request[Any, Any, Any], value: str, max_age: int) -> Cookie:
@@ -40,7 +34,7 @@ def session_cookie(request: Request[Any, Any, Any], value: str, max_age: int) ->
         max_age=max_age,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=is_https(request),
     )
 
 
@@ -53,13 +47,15 @@ def refuse_cross_site(request: Request[Any, Any, Any]) -> None:
 async def sign_in(request: Request[Any, Any, Any], data: FormData) -> Response[Any]:
     refuse_cross_site(request)
     token = data.get("token", "").strip()
-    if not token or not await verify_admin_token(database(request), token):
+    sessions = console_sessions(request)
+    session = await sessions.sign_in(token) if token else None
+    if session is None:
         return render(
             request, "signin.html", status_code=401, error="That admin token is not valid."
         )
-    value = issue_session(await console_secret(request))
     response: Response[Any] = Redirect(ROOT, status_code=303)
-    response.set_cookie(session_cookie(request, value, SESSION_TTL_S))
+    max_age = int(sessions.ttl.total_seconds())
+    response.set_cookie(session_cookie(request, session.session_id, max_age))
     return response
 
 
@@ -67,10 +63,10 @@ async def sign_in(request: Request[Any, Any, Any], data: FormData) -> Response[A
 async def sign_out(request: Request[Any, Any, Any], data: FormData) -> Response[Any]:
     refuse_cross_site(request)
     session = await current_session(request)
-    if session is not None and not csrf_matches(
-        await console_secret(request), session, data.get(CSRF_FIELD)
-    ):
+    if session is not None and not csrf_matches(session, data.get(CSRF_FIELD)):
         raise ApiError(403, "Missing or invalid CSRF token.", code="csrf_failed")
+    # Ended server-side: a copy of the cookie is worth nothing from now on.
+    await console_sessions(request).sign_out(session.session_id if session else None)
     response: Response[Any] = Redirect(ROOT, status_code=303)
     response.set_cookie(session_cookie(request, "", 0))
     return response

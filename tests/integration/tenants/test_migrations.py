@@ -23,6 +23,7 @@ TABLES = {
     "prices",
     "audit_log",
     "settings",
+    "console_sessions",
 }
 
 
