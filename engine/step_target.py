@@ -4,9 +4,10 @@ A step's time is modelled as ``fixed + per_decode × decodes + per_prefill × pr
 with the three costs measured when the engine starts (``engine/step_calibration.py``) and one
 scale, corrected after every step, for what the model leaves out (contexts grow, the machine's
 load moves). Every running request gets one token a step, so the step time is their time per
-output token: the scheduler admits a new request only while a step with one more decode stays
-within the target, and gives prefill chunks what the decodes leave of it. Under overload the
-rest wait in the admission queue, where the fair-share policy decides who goes next.
+output token: the scheduler admits a new request only while one more decode leaves a share of
+the step (``PREFILL_SHARE`` of what is not fixed) for prefill, and gives prefill chunks what the
+decodes leave. Under overload the rest wait in the admission queue, where the fair-share policy
+decides who goes next.
 
 Pure Python, no torch: the scheduler's tests drive it with made-up costs.
 """
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 # The default target keeps this fraction of the decode throughput that an unbounded batch
 # would reach on the machine (see ``StepCosts.auto_target_s``).
 DEFAULT_EFFICIENCY = 0.8
+# Of a step's time beyond its fixed cost, what full batches of decodes leave for prefill chunks:
+# new requests then start within a few steps rather than at a few tokens a step.
+PREFILL_SHARE = 0.25
 # The scale moves a fraction of the way to each step's measured/predicted ratio: a half-life of
 # about sixteen steps, so one slow step (a page fault, another process) barely moves it.
 SCALE_SMOOTHING = 0.042
@@ -80,9 +84,10 @@ class StepTarget:
 
     @property
     def max_decodes(self) -> int:
-        """The most decodes one step holds within the target (at least one)."""
+        """The most decodes one step holds within the target with room left for prefill (at
+        least one)."""
         costs = self.costs
-        room = self.target_s / self.scale - costs.fixed_s
+        room = (self.target_s / self.scale - costs.fixed_s) * (1 - PREFILL_SHARE)
         return max(1, int(room / costs.per_decode_s))
 
     def prefill_budget(self, num_decodes: int) -> int:

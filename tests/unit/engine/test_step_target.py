@@ -13,18 +13,20 @@ COSTS = StepCosts(fixed_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005)
 def test_the_derived_target_keeps_the_asked_share_of_the_best_decode_throughput() -> None:
     target_s = COSTS.auto_target_s(0.8)
     assert target_s == pytest.approx(0.050)
-    decodes = StepTarget(target_s, COSTS).max_decodes
+    decodes = 20  # the batch whose step takes the target: 10 ms + 20 x 2 ms
     best = 1 / COSTS.per_decode_s
     reached = decodes / (COSTS.fixed_s + COSTS.per_decode_s * decodes)
-    assert reached / best == pytest.approx(0.8, abs=0.01)
+    assert reached / best == pytest.approx(0.8)
     # Never below what one decode alone takes.
     assert StepCosts(0.0, 0.004, 0.001).auto_target_s() == pytest.approx(0.004)
 
 
 def test_decodes_and_prefill_fill_the_target_and_prefill_always_moves() -> None:
     target = StepTarget(0.050, COSTS, min_prefill_tokens=16)
-    assert target.max_decodes == 20  # 10 ms + 20 x 2 ms
-    assert target.prefill_budget(10) == 40  # 20 ms left at 0.5 ms a token
+    # 40 ms beyond the fixed cost: decodes take at most three quarters of it.
+    assert target.max_decodes == 15
+    assert target.prefill_budget(15) == 20  # the quarter left, at 0.5 ms a token
+    assert target.prefill_budget(10) == 40  # 20 ms left
     assert target.prefill_budget(20) == 16  # nothing left: the minimum
     assert target.prefill_budget(100) == 16
     assert StepTarget(0.001, COSTS).max_decodes == 1  # a target below one decode: one at a time
@@ -35,7 +37,7 @@ def test_slow_steps_raise_the_scale_and_shrink_what_fits() -> None:
     for _ in range(200):
         target.observe(20, 0, 2 * target.predict_s(20, 0) / target.scale)  # twice the model
     assert target.scale == pytest.approx(2.0, rel=0.02)
-    assert target.max_decodes == 7  # (25 ms - 10 ms) / 2 ms
+    assert target.max_decodes == 5  # (25 ms - 10 ms) x 3/4 / 2 ms
     one_outlier = StepTarget(0.050, COSTS)
     one_outlier.observe(20, 0, 10.0)  # one stalled step moves the scale by a few percent only
     assert one_outlier.scale < 1.5
