@@ -110,9 +110,15 @@ def create_tenant_keys(tenants: list[str], env: dict[str, str]) -> dict[str, str
 
 
 def start_atrium(
-    model_dir: Path, port: int, work_dir: Path, log_dir: Path, dtype: str = "bfloat16"
+    model_dir: Path,
+    port: int,
+    work_dir: Path,
+    log_dir: Path,
+    dtype: str = "bfloat16",
+    env: dict[str, str] | None = None,
 ) -> Server:
-    env = atrium_env(work_dir)
+    """`atrium serve` on ``model_dir``; ``env`` replaces ``atrium_env(work_dir)`` when given."""
+    env = atrium_env(work_dir) if env is None else env
     argv = [sys.executable, "-m", "web.cli", "serve", "--host", HOST, "--port", str(port)]
     argv += ["--model", str(model_dir), "--dtype", dtype]
     return _spawn("atrium", argv, env, log_dir / "atrium.log", f"http://{HOST}:{port}")
