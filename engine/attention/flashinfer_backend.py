@@ -19,6 +19,8 @@ from engine.attention.metadata import AttentionMetadata
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 WrapperKind = Literal["prefill", "decode"]
+# FlashInfer's prefill kernels: "auto" picks FA3 on sm90 (H100/H200) and FA2 elsewhere.
+PREFILL_KERNELS = ("auto", "fa2", "fa3")
 
 
 class PagedWrapper(Protocol):
@@ -31,7 +33,7 @@ class PagedWrapper(Protocol):
 
 class WrapperFactory(Protocol):
     def __call__(
-        self, kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool
+        self, kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool, kernel: str
     ) -> PagedWrapper: ...
 
 
@@ -141,27 +143,42 @@ def build_plan_args(
 
 
 def load_flashinfer() -> ModuleType:
-    """Import FlashInfer on first use; only the CUDA backend needs it."""
+    """Import FlashInfer on first use; only the CUDA backend needs it.
+
+    The error names the real cause: FlashInfer itself missing, or one of its own imports failing
+    (a missing dependency such as ``pynvml`` or ``tvm_ffi``, or a broken install).
+    """
     from engine.attention.registry import BackendUnavailableError
 
     try:
         return importlib.import_module("flashinfer")
     except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "flashinfer":
+            cause = "which is not installed"
+        else:
+            cause = f"whose import failed ({type(exc).__name__}: {exc})"
         raise BackendUnavailableError(
-            "the CUDA attention backend needs FlashInfer, which is not installed: "
+            f"the CUDA attention backend needs FlashInfer, {cause}: "
             "pip install 'atrium[gpu]' (flashinfer-python==0.7.2.post1)"
         ) from exc
 
 
 def flashinfer_wrapper(
-    kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool
+    kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool, kernel: str
 ) -> PagedWrapper:
+    """A FlashInfer wrapper; ``kernel`` is the prefill backend (``PREFILL_KERNELS``).
+
+    The decode wrapper is pinned to FA2 (tensor-core or plain decode kernel): its ``auto`` may
+    switch to cuDNN when cudnn-frontend happens to be installed, a kernel nobody tested here.
+    """
     fi = load_flashinfer()
     if kind == "prefill":
-        wrapper: PagedWrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+        wrapper: PagedWrapper = fi.BatchPrefillWithPagedKVCacheWrapper(
+            workspace, kv_layout="NHD", backend=kernel
+        )
     else:
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, kv_layout="NHD", use_tensor_cores=use_tensor_cores
+            workspace, kv_layout="NHD", use_tensor_cores=use_tensor_cores, backend="fa2"
         )
     return wrapper
 
@@ -202,10 +219,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         num_pages: int | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
         use_decode_kernel: bool = True,
+        prefill_kernel: str = "auto",
         wrapper_factory: WrapperFactory = flashinfer_wrapper,
     ) -> None:
         if num_kv_heads < 1 or num_q_heads % num_kv_heads != 0:
             raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of {num_kv_heads}")
+        if prefill_kernel not in PREFILL_KERNELS:
+            raise ValueError(f"prefill_kernel {prefill_kernel!r} is not one of {PREFILL_KERNELS}")
         self.num_q_heads = num_q_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -215,14 +235,20 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.num_pages = num_pages
         self._pin_memory = self.device.type == "cuda"
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
-        tensor_cores = num_q_heads // num_kv_heads >= 4  # grouped decode is MMA-friendly
-        self._prefill = wrapper_factory("prefill", self._workspace, tensor_cores)
+        # Groups of 4+ query heads per KV head decode on tensor cores (FA2's prefill kernel);
+        # smaller groups (the default model's 9/3) use the plain decode kernel.
+        tensor_cores = num_q_heads // num_kv_heads >= 4
+        factory, workspace = wrapper_factory, self._workspace
+        self._prefill = factory("prefill", workspace, tensor_cores, prefill_kernel)
         self._decode = (
-            wrapper_factory("decode", self._workspace, tensor_cores) if use_decode_kernel else None
+            factory("decode", workspace, tensor_cores, "fa2") if use_decode_kernel else None
         )
         self._step: _Step | None = None
 
     def plan(self, meta: AttentionMetadata) -> None:
+        # A plan that fails half-way must not leave the previous step's plan runnable: forward
+        # would attend over the old page table with this step's tokens.
+        self._step = None
         if meta.page_size != self.page_size:
             raise ValueError(f"metadata page_size {meta.page_size} != backend {self.page_size}")
         args = build_plan_args(
@@ -263,7 +289,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         rows = kv_cache.view(-1, self.num_kv_heads, self.head_dim)  # [num_pages * 2 * P, Hkv, D]
         rows.index_copy_(0, step.k_rows, k)
         rows.index_copy_(0, step.v_rows, v)
-        return step.wrapper.run(q.contiguous(), kv_cache)
+        return step.wrapper.run(q, kv_cache)  # strided q is fine: the kernels read its strides
 
     def _check_inputs(
         self,

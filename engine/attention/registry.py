@@ -43,6 +43,7 @@ class BackendSpec:
     dtype: torch.dtype
     device: torch.device
     num_pages: int | None
+    prefill_kernel: str = "auto"  # FlashInfer's prefill backend: auto (FA3 on sm90), fa2, fa3
 
 
 def _build_torch(spec: BackendSpec) -> AttentionBackend:
@@ -80,6 +81,7 @@ def _build_flashinfer(spec: BackendSpec) -> AttentionBackend:
         spec.dtype,
         spec.device,
         num_pages=spec.num_pages,
+        prefill_kernel=spec.prefill_kernel,
     )
 
 
@@ -105,6 +107,7 @@ def create_backend(
     dtype: torch.dtype,
     num_pages: int | None = None,
     name: str | None = None,
+    prefill_kernel: str = "auto",
 ) -> AttentionBackend:
     """Build the attention backend for ``device`` (or the one ``name``d, e.g. torch on CUDA)."""
     chosen = name or backend_name_for(device)
@@ -119,5 +122,6 @@ def create_backend(
         dtype=dtype,
         device=device,
         num_pages=num_pages,
+        prefill_kernel=prefill_kernel,
     )
     return factory(spec)

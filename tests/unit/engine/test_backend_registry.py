@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import types
@@ -137,12 +138,23 @@ def test_default_wrappers_are_flashinfers_nhd_wrappers(monkeypatch: pytest.Monke
     module.BatchDecodeWithPagedKVCacheWrapper = recorder("decode")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     workspace = torch.zeros(8, dtype=torch.uint8)
-    flashinfer_wrapper("prefill", workspace, True)
-    flashinfer_wrapper("decode", workspace, False)
+    flashinfer_wrapper("prefill", workspace, True, "fa2")
+    flashinfer_wrapper("decode", workspace, False, "auto")
     assert made == [
-        ("prefill", (workspace,), {"kv_layout": "NHD"}),
-        ("decode", (workspace,), {"kv_layout": "NHD", "use_tensor_cores": False}),
+        ("prefill", (workspace,), {"kv_layout": "NHD", "backend": "fa2"}),
+        ("decode", (workspace,), {"kv_layout": "NHD", "use_tensor_cores": False, "backend": "fa2"}),
     ]
+
+
+def test_a_broken_flashinfer_import_names_its_real_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing_import(name: str) -> types.ModuleType:
+        raise ModuleNotFoundError("No module named 'pynvml'", name="pynvml")
+
+    monkeypatch.setattr(importlib, "import_module", failing_import)
+    with pytest.raises(BackendUnavailableError, match="import failed") as info:
+        load_flashinfer()
+    assert "No module named 'pynvml'" in str(info.value)
+    assert "not installed" not in str(info.value)
 
 
 def test_gpu_bench_smoke_reports_the_backend_it_ran(capsys: pytest.CaptureFixture[str]) -> None:

@@ -39,18 +39,29 @@ def random_step(rng: random.Random, decode_only: bool = False) -> list[SeqSlice]
     return seqs
 
 
-class ReferenceWrapper:
-    """Records plan/run calls; ``run`` attends over pages from the planned host arguments."""
+Call = tuple[tuple[Any, ...], dict[str, Any]]
 
-    def __init__(self, kind: WrapperKind) -> None:
+
+class ReferenceWrapper:
+    """Records its constructor, plan and run calls; ``run`` attends over pages from the planned
+    host arguments. ``calls`` feeds the signature check against the real FlashInfer."""
+
+    def __init__(self, kind: WrapperKind, constructor: Call) -> None:
         self.kind = kind
-        self.plans: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self.calls: dict[str, list[Call]] = {"__init__": [constructor], "plan": [], "run": []}
+        self.plans: list[Call] = []
         self.runs = 0
+        self.fail_next_plan = False
 
     def plan(self, *args: Any, **kwargs: Any) -> None:
+        self.calls["plan"].append((args, kwargs))
+        if self.fail_next_plan:
+            self.fail_next_plan = False
+            raise RuntimeError("plan failed")
         self.plans.append((args, kwargs))
 
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor) -> torch.Tensor:
+        self.calls["run"].append(((q, paged_kv_cache), {}))
         self.runs += 1
         args, kwargs = self.plans[-1]
         if self.kind == "prefill":
@@ -82,13 +93,18 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 class Kernels:
+    """A wrapper factory recording the constructor call ``flashinfer_wrapper`` would make."""
+
     def __init__(self) -> None:
         self.made: dict[str, ReferenceWrapper] = {}
 
     def __call__(
-        self, kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool
+        self, kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool, kernel: str
     ) -> PagedWrapper:
-        self.made[kind] = ReferenceWrapper(kind)
+        kwargs: dict[str, Any] = {"kv_layout": "NHD", "backend": kernel}
+        if kind == "decode":
+            kwargs["use_tensor_cores"] = use_tensor_cores
+        self.made[kind] = ReferenceWrapper(kind, ((workspace,), kwargs))
         return self.made[kind]
 
 
@@ -302,6 +318,41 @@ def test_forward_needs_a_plan_and_matching_inputs() -> None:
         backend.forward(0, layer.q, layer.k, layer.v, layer.cache[:, :, :2])
     with pytest.raises(ValueError, match="outside this layer"):
         backend.forward(0, layer.q, layer.k, layer.v, layer.cache[:1].contiguous())
+
+
+def test_a_failed_plan_leaves_no_plan_to_run() -> None:
+    backend, kernels = make_backend()
+    first = [SeqSlice([0, 1], 0, 5)]
+    run_step(backend, first, num_layers=1)
+    kernels.made["prefill"].fail_next_plan = True
+    with pytest.raises(RuntimeError, match="plan failed"):
+        backend.plan(meta_for([SeqSlice([2], 0, 3)]))
+    layer = make_layer(first, torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="plan"):
+        backend.forward(0, layer.q, layer.k, layer.v, layer.cache)
+    run_step(backend, [SeqSlice([2], 0, 3)], num_layers=1)  # the next good plan runs again
+
+
+def test_a_strided_query_reaches_the_kernel_without_a_copy() -> None:
+    backend, kernels = make_backend()
+    seqs = [SeqSlice([0, 1], 2, 4)]
+    layer = make_layer(seqs, torch.Generator().manual_seed(1))
+    fused = torch.cat([layer.q, torch.zeros_like(layer.q)], dim=-1)  # [n, HQ, 2D]
+    q = fused[..., :D]  # a view with a row stride of 2D, as a split of a fused projection gives
+    assert not q.is_contiguous()
+    backend.plan(meta_for(seqs))
+    out = backend.forward(0, q, layer.k, layer.v, layer.cache)
+    torch.testing.assert_close(out, layer.expected, rtol=1e-5, atol=1e-5)
+    (ran_q, _), _ = kernels.made["prefill"].calls["run"][0]
+    assert ran_q.data_ptr() == fused.data_ptr()
+
+
+def test_prefill_kernel_choice_reaches_the_prefill_wrapper_only() -> None:
+    _, kernels = make_backend(prefill_kernel="fa2")
+    assert kernels.made["prefill"].calls["__init__"][0][1]["backend"] == "fa2"
+    assert kernels.made["decode"].calls["__init__"][0][1]["backend"] == "fa2"
+    with pytest.raises(ValueError, match="prefill_kernel"):
+        make_backend(prefill_kernel="fa4")
 
 
 def test_backend_rejects_other_page_sizes_and_head_counts() -> None:
