@@ -1,11 +1,12 @@
 """Admission and settlement: status, prompt limit, rate buckets, concurrency, monthly budget.
 
-Everything happens in one transaction that first locks the tenant's bucket row; the budget is
-reserved with a single conditional UPDATE, so no interleaving of processes can overspend it.
+Everything happens in one transaction that first locks the tenant's bucket row (then the key's);
+the budget is reserved with one conditional UPDATE, so no interleaving of processes overspends it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import case, delete, select, update
@@ -16,18 +17,46 @@ from tenants.database import Database
 from tenants.errors import (
     DuplicateRequestError,
     InvalidInputError,
+    InvalidKeyError,
     PromptTooLargeError,
     QuotaExceededError,
     TenantSuspendedError,
 )
-from tenants.models import RateBucket, Reservation, TokenBudget
-from tenants.rate_limit import drain, try_draw
+from tenants.models import KeyRateBucket, RateBucket, Reservation, TokenBudget
+from tenants.rate_limit import Draw, drain, try_draw
 from tenants.schemas import Admission, AuthContext, Quotas, Usage
 from tenants.tenant_service import load_tenant, quotas_of
 from tenants.timeutil import Clock, month_period, next_month_start, utc_now
 from tenants.upsert import insert_ignore
 
 CONCURRENCY_RETRY_S = 1.0
+
+
+@dataclass(slots=True)
+class KeyLimit:
+    """A key's own requests/min bucket (locked), drawn only when the tenant's limits allow."""
+
+    bucket: KeyRateBucket | None
+    rpm: int | None
+
+    def draw(self, now_s: float) -> Draw:
+        if self.bucket is None:
+            return try_draw(0.0, None, 1)
+        elapsed = now_s - self.bucket.refilled_at
+        return try_draw(drain(self.bucket.requests_drawn, self.rpm, elapsed), self.rpm, 1)
+
+    def commit(self, draw: Draw, now_s: float) -> None:
+        if self.bucket is not None:
+            self.bucket.requests_drawn, self.bucket.refilled_at = draw.drawn, now_s
+
+    def tighter(
+        self, limit: int | None, remaining: int | None, draw: Draw
+    ) -> tuple[int | None, int | None]:
+        """The request limit to report: the key's when it leaves fewer requests than the
+        tenant's (or the tenant has none)."""
+        if self.bucket is None or (remaining is not None and remaining <= draw.remaining):
+            return limit, remaining
+        return self.rpm, draw.remaining
 
 
 class AdmissionService:
@@ -61,9 +90,13 @@ class AdmissionService:
                 if await session.get(Reservation, request_id) is not None:
                     raise DuplicateRequestError(f"request {request_id!r} is already admitted")
                 bucket = await self._lock_bucket(session, tenant.id, now.timestamp())
+                key_bucket = None
+                if ctx.key_requests_per_minute is not None:  # locked after the tenant's bucket
+                    key_bucket = await self._lock_key_bucket(session, ctx.key_id, now.timestamp())
                 admission = await self._take(
                     session,
                     bucket,
+                    KeyLimit(key_bucket, ctx.key_requests_per_minute),
                     quotas=quotas,
                     now=now,
                     need=need,
@@ -139,10 +172,24 @@ class AdmissionService:
             raise RuntimeError("rate bucket missing after insert")
         return bucket
 
+    async def _lock_key_bucket(
+        self, session: AsyncSession, key_id: str, now_s: float
+    ) -> KeyRateBucket:
+        locked = select(KeyRateBucket).where(KeyRateBucket.key_id == key_id).with_for_update()
+        bucket = await session.scalar(locked)
+        if bucket is None:  # the key's first limited request
+            row = {"key_id": key_id, "requests_drawn": 0.0, "refilled_at": now_s}
+            await session.execute(insert_ignore(self._db, KeyRateBucket, [row]))
+            bucket = await session.scalar(locked)
+        if bucket is None:
+            raise InvalidKeyError("unknown API key")  # deleted under us: the key is gone
+        return bucket
+
     async def _take(
         self,
         session: AsyncSession,
         bucket: RateBucket,
+        key: KeyLimit,
         *,
         quotas: Quotas,
         now: datetime,
@@ -156,6 +203,17 @@ class AdmissionService:
         elapsed = now_s - bucket.refilled_at
         requests = try_draw(drain(bucket.requests_drawn, rpm, elapsed), rpm, 1)
         tokens = try_draw(drain(bucket.tokens_drawn, tpm, elapsed), tpm, need)
+        key_requests = key.draw(now_s)
+        if requests.fits and tokens.fits and not key_requests.fits:
+            raise QuotaExceededError(
+                "requests per minute of this API key exceeded",
+                reason="key_requests_per_minute",
+                retry_after_s=key_requests.retry_after_s,
+                limit_requests=key.rpm,
+                remaining_requests=key_requests.remaining,
+                limit_tokens=tpm,
+                remaining_tokens=None if tpm is None else tokens.remaining,
+            )
         if not (requests.fits and tokens.fits):
             raise QuotaExceededError(
                 "requests per minute exceeded"
@@ -183,6 +241,10 @@ class AdmissionService:
         bucket.requests_drawn, bucket.tokens_drawn = requests.drawn, tokens.drawn
         bucket.refilled_at = now_s
         bucket.in_flight += 1
+        key.commit(key_requests, now_s)
+        limit_requests, remaining_requests = key.tighter(
+            rpm, None if rpm is None else requests.remaining, key_requests
+        )
         return Admission(
             request_id=request_id,
             tenant_id=bucket.tenant_id,
@@ -190,8 +252,8 @@ class AdmissionService:
             reserved_tokens=need,
             period=period,
             admitted_at=now,
-            limit_requests=rpm,
-            remaining_requests=None if rpm is None else requests.remaining,
+            limit_requests=limit_requests,
+            remaining_requests=remaining_requests,
             limit_tokens=tpm,
             remaining_tokens=None if tpm is None else tokens.remaining,
         )

@@ -89,6 +89,24 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     last_used_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # Lifecycle (migration 0004): the key stops working at ``expires_at`` (a rotation sets it to
+    # the end of the overlap and names the successor in ``replaced_by``).
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    replaced_by: Mapped[str | None] = mapped_column(String(32))
+    # Space-separated, e.g. "inference usage:read" (what keys issued before 0004 may do).
+    scopes: Mapped[str] = mapped_column(String(100), server_default="inference usage:read")
+    models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))  # None: every model
+    requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class KeyRateBucket(Base):
+    """A key's own requests-per-minute bucket, drawn under its tenant's (see ``RateBucket``)."""
+
+    __tablename__ = "key_rate_buckets"
+
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), primary_key=True)
+    requests_drawn: Mapped[float] = mapped_column(Float)
+    refilled_at: Mapped[float] = mapped_column(Float)  # epoch seconds
 
 
 class UsageEventRow(Base):

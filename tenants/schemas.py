@@ -16,6 +16,8 @@ from tenants.errors import InvalidInputError
 
 TenantStatus = Literal["active", "suspended", "deleted"]
 PatchableStatus = Literal["active", "suspended"]
+Scope = Literal["inference", "usage:read"]  # what a key may call: generation, its own usage
+SCOPES: tuple[Scope, ...] = ("inference", "usage:read")
 MAX_NAME_LEN = 100
 QUOTA_FIELDS = (
     "requests_per_minute",
@@ -122,6 +124,11 @@ class KeyInfo(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     revoked_at: datetime | None = None
     last_used_at: datetime | None = None
+    expires_at: datetime | None = None
+    replaced_by: str | None = None  # the key a rotation issued in its place
+    scopes: list[Scope] = msgspec.field(default_factory=lambda: list(SCOPES))
+    models: list[str] | None = None  # None: every model
+    requests_per_minute: int | None = None  # None: only the tenant's limit
 
 
 class AuthContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,6 +140,14 @@ class AuthContext(msgspec.Struct, frozen=True, kw_only=True):
     weight: float
     status: TenantStatus
     quotas: Quotas
+    expires_at: datetime | None = None  # checked on every request, cached or not
+    scopes: tuple[Scope, ...] = SCOPES
+    models: tuple[str, ...] | None = None  # None: every model
+    key_requests_per_minute: int | None = None
+
+    def allows_model(self, *names: str) -> bool:
+        """Whether the key may call a model known by any of ``names`` (its name, an alias)."""
+        return self.models is None or any(name in self.models for name in names)
 
 
 class Admission(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,6 +24,7 @@ TABLES = {
     "audit_log",
     "settings",
     "console_sessions",
+    "key_rate_buckets",
 }
 
 
