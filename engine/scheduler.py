@@ -127,8 +127,11 @@ class Scheduler:
         if self.target is not None and num_decodes:
             held_back = max(0, budget - self.target.prefill_budget(num_decodes))
             budget -= held_back
-        # Tenants served ahead of others take at most their share of the prefill budget.
-        caps = self.policy.prefill_caps(budget)
+        # Tenants served ahead of others take at most their share of the prefill budget (that
+        # keeps steps short; within a step-time target they are short already, and capping a
+        # small budget by weight would leave a light tenant's admitted prompts a few tokens a
+        # step while they hold their slots).
+        caps = self.policy.prefill_caps(budget) if self.target is None else None
         for request in prefills:
             if budget == 0:
                 break

@@ -62,17 +62,18 @@ COSTS = StepCosts(fixed_s=0.010, per_decode_s=0.002, per_prefill_token_s=0.0005)
 def test_within_the_slots_a_step_time_target_forms_the_queue_where_weights_act(
     order: tuple[str, ...],
 ) -> None:
-    # 3 x 8 requests fit the 32 slots; without a target each tenant gets a third.
+    # 3 x 10 requests fit the 32 slots; without a target each tenant gets a third.
     untargeted = ClosedLoop(WEIGHTS, SAME, max_num_seqs=32)
-    start(untargeted, order, in_flight=8)
+    start(untargeted, order, in_flight=10)
     untargeted.run(1200)
     assert_shares(
         {t: s * WEIGHTS[t] * 3 / 7 for t, s in untargeted.shares(untargeted.tokens).items()}
     )
-    # A 50 ms target holds 15 decodes: the other requests queue, and fair share picks.
+    # A 50 ms target holds 15 decodes: the other requests queue, and fair share picks (each
+    # tenant has more in flight than its weighted share of 15, so each stays backlogged).
     target = StepTarget(0.050, COSTS)
     loop = ClosedLoop(WEIGHTS, SAME, max_num_seqs=32, target=target)
-    start(loop, order, in_flight=8)
+    start(loop, order, in_flight=10)
     loop.run(600, count=False)
     loop.run(2000)
     assert loop.max_running <= target.max_decodes == 15
