@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: serve test lint typecheck unit venv bench bench-compare gpu-check clean
+.PHONY: serve test lint typecheck unit venv bench bench-compare gpu-bundle gpu-check gpu-dry-run clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,8 +47,15 @@ $(VLLM_VENV)/.installed:
 bench-compare: $(STAMP) $(VLLM_VENV)/.installed
 	$(PY) -m bench.serve_compare
 
+# The GPU check's offline bundle (needs PyPI), the check itself on a GPU machine, and its CPU dry run.
+gpu-bundle: $(STAMP)
+	$(PY) -m bench.gpu_bundle
+
 gpu-check:
 	bash bench/gpu_check.sh
+
+gpu-dry-run: $(STAMP)
+	PYTHON=$(PY) bash bench/gpu_check.sh --dry-run
 
 clean:
 	rm -rf $(VENV) build *.egg-info

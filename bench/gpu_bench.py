@@ -192,7 +192,9 @@ def bench_decode(
     }
 
 
-def run(shape: BenchShape, device: torch.device, backend_name: str | None) -> dict[str, Any]:
+def run(
+    shape: BenchShape, device: torch.device, backend_name: str | None, prefill_kernel: str = "auto"
+) -> dict[str, Any]:
     c = shape.model
     model = random_model(c, shape.dtype, device)
     per_seq_pages = max(
@@ -206,6 +208,7 @@ def run(shape: BenchShape, device: torch.device, backend_name: str | None) -> di
         dtype=shape.dtype,
         num_pages=num_pages,
         name=backend_name,
+        prefill_kernel=prefill_kernel,
     )
     caches = allocate_kv_caches(
         c.num_layers, num_pages, shape.page_size, c.num_kv_heads, c.head_dim, shape.dtype, device
@@ -215,6 +218,7 @@ def run(shape: BenchShape, device: torch.device, backend_name: str | None) -> di
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "backend": backend.name,
+        "prefill_kernel": prefill_kernel if backend.name == "flashinfer" else None,
         "dtype": dtype_name(shape.dtype),
         "torch": torch.__version__,
         "model": {
@@ -241,11 +245,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny model, seconds on CPU")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--backend", default=None, help="attention backend (default: device's)")
+    parser.add_argument(
+        "--prefill-kernel", default="auto", help="FlashInfer's prefill kernel: auto, fa2, fa3"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     quiet_logging()  # stdout carries the JSON alone
     device = resolve_device(args.device)
-    report = run(SMOKE if args.smoke else FULL, device, args.backend)
+    report = run(SMOKE if args.smoke else FULL, device, args.backend, args.prefill_kernel)
     text = json.dumps(report, indent=2)
     print(text)
     out = args.out

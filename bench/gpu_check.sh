@@ -1,58 +1,88 @@
 #!/usr/bin/env bash
-# GPU check for a machine with an NVIDIA GPU, PyTorch preinstalled and no network:
-# installs carried wheels from .whl/, prints versions, runs tests/gpu, then the ~1B bench.
-# Everything it writes goes to $OUT (default ./gpu_check_out). Budget: about 8 minutes.
-set -uo pipefail
+# GPU check on a fresh machine with an NVIDIA GPU, torch, nvcc and no network (see bench/GPU.md):
+# installs from .gpu_bundle/, compiles FlashInfer's modules, runs tests/gpu, then the ~1B bench.
+# Stages have their own timeouts (about 9 minutes at worst); $OUT/summary.json gathers them all.
+# --dry-run: everything up to the first CUDA call, on CPU (sources generated, tests skipped).
+set -euo pipefail
 cd "$(dirname "$0")/.."
+DRY_RUN=0
+[ "${1:-}" = "--dry-run" ] && DRY_RUN=1
 OUT="${OUT:-$PWD/gpu_check_out}"
-export OUT
-mkdir -p "$OUT"
+BUNDLE="${BUNDLE:-$PWD/.gpu_bundle}"
+SITE="${SITE:-/tmp/atrium_gpu_site}"
 PY="${PYTHON:-python3}"
+# FA2 for the first correctness pass: "auto" (FA3 on sm90) adds one more module to compile.
+PREFILL_KERNEL="${PREFILL_KERNEL:-fa2}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
-
-if compgen -G ".whl/*.whl" > /dev/null; then
-    echo "== installing carried wheels (no index, no deps) into /tmp/site"
-    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-    export PATH="/tmp/site/bin:$PATH"  # ninja, for FlashInfer's JIT
+: > "$OUT/stages.tsv"
+export OUT PREFILL_KERNEL DRY_RUN BUNDLE SITE PY
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH"  # ninja, for FlashInfer's JIT
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$SITE/flashinfer_cache}"
+if [ "$DRY_RUN" = 1 ]; then
+    export FLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-9.0a}"  # no GPU to ask
 fi
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-export MAX_JOBS="${MAX_JOBS:-$(nproc)}"  # parallel JIT compilation of FlashInfer kernels
-
-echo "== versions"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-command -v nvcc > /dev/null && nvcc --version | tail -2 || echo "nvcc: not found (FlashInfer JIT needs it)"
-"$PY" - <<'PYEOF' | tee "$OUT/versions.txt"
-import importlib, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
-if torch.cuda.is_available():
-    print("gpu", torch.cuda.get_device_name(0), "capability", torch.cuda.get_device_capability(0))
-for name in ("flashinfer", "transformers", "tokenizers", "safetensors", "pytest"):
-    try:
-        print(name, getattr(importlib.import_module(name), "__version__", "?"))
-    except Exception as exc:  # report every missing piece, then carry on
-        print(name, "MISSING:", type(exc).__name__, exc)
-PYEOF
-
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "no CUDA device visible: nothing to check here"; exit 2
-fi
-HAVE_FLASHINFER=0
-"$PY" -c "import flashinfer" 2> /dev/null && HAVE_FLASHINFER=1
-
 status=0
-echo "== tests/gpu"
-timeout 330 "$PY" -m pytest tests/gpu -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
-    || status=1
 
-echo "== bench (FlashInfer)"
-if [ "$HAVE_FLASHINFER" = 1 ]; then
-    timeout 150 "$PY" -m bench.gpu_bench || status=1
+summary() { timeout 20 "$PY" -m bench.gpu_summary "$OUT" > /dev/null || true; }
+
+# stage NAME SECONDS HARD CMD...: runs CMD under a timeout and records it in stages.tsv. A failed
+# HARD stage ends the check there (nothing after it can work); a soft one lets the rest run.
+stage() {
+    local name="$1" limit="$2" hard="$3" start rc
+    shift 3
+    echo "== $name (limit ${limit} s)"
+    start=$(date +%s)
+    if timeout "$limit" "$@"; then rc=0; else rc=$?; fi
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" >> "$OUT/stages.tsv"
+    if [ "$rc" != 0 ]; then
+        echo "== FAILED: $name (exit $rc$([ "$rc" = 124 ] && echo ', timed out'))"
+        status=1
+        if [ "$hard" = hard ]; then summary; exit 1; fi
+    fi
+}
+
+tools() {
+    local missing=0 tool
+    for tool in "$PY" timeout; do
+        command -v "$tool" > /dev/null || { echo "missing: $tool"; missing=1; }
+    done
+    if [ "$DRY_RUN" = 0 ]; then
+        for tool in nvidia-smi nvcc g++; do
+            command -v "$tool" > /dev/null || { echo "missing: $tool (FlashInfer's JIT needs it)"; missing=1; }
+        done
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || missing=1
+        nvcc --version | tail -2 || missing=1
+    fi
+    "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" || missing=1
+    if [ "$DRY_RUN" = 0 ]; then
+        "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
+            || { echo "missing: a CUDA device torch can see"; missing=1; }
+    fi
+    [ -f "$BUNDLE/manifest.json" ] || { echo "missing: $BUNDLE (python -m bench.gpu_bundle)"; missing=1; }
+    return "$missing"
+}
+
+export -f tools  # timeout runs programs, not functions: it runs this one through bash -c
+stage tools 60 hard bash -c tools
+stage install 90 hard "$PY" -m bench.gpu_install "$BUNDLE" "$SITE" "$OUT/versions.json"
+stage import 60 hard "$PY" -c "import flashinfer, tvm_ffi; print('flashinfer', flashinfer.__version__)"
+warmup=("$PY" -m bench.gpu_warmup --prefill-kernel "$PREFILL_KERNEL" --out "$OUT/warmup.json"
+    --manifest "$BUNDLE/manifest.json")
+tests=("$PY" -m pytest tests/gpu -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml")
+if [ "$DRY_RUN" = 1 ]; then
+    stage warmup 60 hard "${warmup[@]}" --dry-run
+    stage tests 60 soft "${tests[@]}"
+    stage bench 60 soft "$PY" -m bench.gpu_bench --smoke --device cpu --out "$OUT/gpu_bench_torch.json"
 else
-    echo "skipped: flashinfer is not importable"; status=1
+    stage warmup 210 hard "${warmup[@]}"
+    stage tests 120 soft "${tests[@]}"
+    stage bench_flashinfer 90 soft "$PY" -m bench.gpu_bench --prefill-kernel "$PREFILL_KERNEL"
+    stage bench_torch 45 soft "$PY" -m bench.gpu_bench --backend torch
 fi
-echo "== bench (torch attention backend on CUDA, for comparison)"
-timeout 90 "$PY" -m bench.gpu_bench --backend torch || status=1
-
-echo "== done (status $status); results in $OUT"
+summary
+echo "== done (status $status); summary in $OUT/summary.json"
 exit "$status"

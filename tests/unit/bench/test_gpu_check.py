@@ -1,0 +1,81 @@
+"""The GPU check's CPU side: its dry run up to the first CUDA call, the summary it writes, and the
+install stage failing loudly. The dry run needs the ignored bundle (``python -m bench.gpu_bundle``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_install, gpu_summary
+from bench.gpu_modules import include_closure
+
+ROOT = Path(__file__).parents[3]
+BUNDLE = ROOT / ".gpu_bundle"
+
+
+def test_the_summary_gathers_every_stage(tmp_path: Path) -> None:
+    (tmp_path / "stages.tsv").write_text("install\t0\t9\nwarmup\t0\t150\ntests\t1\t60\n")
+    (tmp_path / "warmup.json").write_text(
+        json.dumps({"prefill_kernel": "fa2", "modules": [{"module": "m1", "compile_s": 81.5}]})
+    )
+    (tmp_path / "gpu_tests.xml").write_text(
+        '<testsuites><testsuite tests="3" failures="1" errors="0" skipped="0">'
+        '<testcase classname="t" name="ok"/><testcase classname="t" name="bad"><failure/>'
+        "</testcase></testsuite></testsuites>"
+    )
+    decode = [
+        {"batch": b, "tok_per_s": 10.0 * b, "step_ms": 5.0, "bandwidth_util": 0.5} for b in (1, 32)
+    ]
+    bench = {"device_name": "H200", "prefill": {"tok_per_s": 9e4, "mfu": 0.41}, "decode": decode}
+    (tmp_path / "gpu_bench_flashinfer.json").write_text(json.dumps(bench))
+    summary = gpu_summary.summarize(tmp_path)
+    assert summary["ok"] is False  # the tests stage failed
+    assert summary["compile_seconds"] == {"m1": 81.5}
+    assert summary["tests"]["failed"] == ["t::bad"] and summary["tests"]["tests"] == 3
+    assert summary["bench"]["flashinfer"]["prefill_mfu"] == 0.41
+    assert summary["bench"]["flashinfer"]["decode"]["32"]["tok_per_s"] == 320
+    assert summary["bench"]["torch"] is None
+
+
+def test_includes_resolve_like_the_compiler(tmp_path: Path) -> None:
+    (tmp_path / "inc" / "a").mkdir(parents=True)
+    (tmp_path / "inc" / "a" / "b.h").write_text('#include "c.h"\n#include <vector>\n')
+    (tmp_path / "inc" / "a" / "c.h").write_text("  #  include <a/b.h>\n")
+    (tmp_path / "k.cu").write_text("#include <a/b.h>\n")
+    reached, unresolved = include_closure([tmp_path / "k.cu"], [tmp_path / "inc"])
+    names = {p.name for p in reached}
+    assert names == {"k.cu", "b.h", "c.h"} and unresolved == {"vector"}
+
+
+def test_install_fails_loudly_without_a_bundle(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        gpu_install.install(tmp_path / "nothing", tmp_path / "site")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (BUNDLE / "manifest.json").is_file(),
+    reason="no .gpu_bundle (python -m bench.gpu_bundle builds it; it needs PyPI)",
+)
+def test_the_dry_run_passes_up_to_the_first_cuda_call(tmp_path: Path) -> None:
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(tmp_path / "site"),
+           "PYTHON": sys.executable, "BUNDLE": str(BUNDLE)}  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [s["stage"] for s in summary["stages"]] == [
+        "tools", "install", "import", "warmup", "tests", "bench",
+    ]  # fmt: skip
+    assert summary["ok"] and summary["tests"]["tests"] == summary["tests"]["skipped"] > 0
+    installed = {p["module"] for p in summary["versions"]["packages"] if p["installed"]}
+    assert {"flashinfer", "tvm_ffi"} <= installed
