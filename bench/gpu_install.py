@@ -67,7 +67,17 @@ def install(bundle: Path, site: Path) -> list[dict[str, Any]]:
                 {"module": wheel["module"], "version": wheel["version"], "installed": True}
             )
     if missing:  # one pip call: separate --target installs would replace each other's bin/
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+        ]
+        cmd.append("--target")
         paths = [str(bundle / w["file"]) for w in missing]
         if subprocess.run([*cmd, str(site), *paths], check=False).returncode != 0:
             fail(f"pip could not install {[Path(p).name for p in paths]}")
