@@ -3,8 +3,8 @@
     python -m bench.fairness [--window 40] [--flood-rounds 2] [--parts weights flood]
 
 Regimes: "slots" keeps more requests in flight than the running batch holds (``--slots``
-running, each tenant ``--slots-in-flight``); "latency" keeps them all within the slots (64) and
-lets the engine's step-time target form the queue. Each regime runs in both arrival orders
+running, each tenant ``--slots-in-flight``, no step-time target); "latency" keeps them all within
+the slots (64) and lets the engine's step-time target (the default, auto) form the queue. Each regime runs in both arrival orders
 (weight 1 first, weight 4 first). Prints JSON (each tenant's share over its weighted share;
 the flood's TTFT ratios) and writes PNG plots.
 """
@@ -88,7 +88,11 @@ class Server:
 def run_weights(args: argparse.Namespace, load: Load) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for regime in args.regimes:
-        settings = {"ATRIUM_MAX_NUM_SEQS": str(args.slots)} if regime == "slots" else {}
+        settings = (
+            {"ATRIUM_MAX_NUM_SEQS": str(args.slots), "ATRIUM_TARGET_TPOT_MS": "off"}
+            if regime == "slots"
+            else {}
+        )
         in_flight = args.slots_in_flight if regime == "slots" else args.latency_in_flight
         with tempfile.TemporaryDirectory(prefix="atrium-fair-") as tmp:
             server = Server(args, Path(tmp), settings)
