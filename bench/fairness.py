@@ -4,9 +4,9 @@
 
 Regimes: "slots" keeps more requests in flight than the running batch holds (``--slots``
 running, each tenant ``--slots-in-flight``, no step-time target); "latency" keeps them all within
-the slots (64) and lets the engine's step-time target (the default, auto) form the queue. Each regime runs in both arrival orders
-(weight 1 first, weight 4 first). Prints JSON (each tenant's share over its weighted share;
-the flood's TTFT ratios) and writes PNG plots.
+the slots (64) and lets the engine's step-time target (the default, auto) form the queue. Each
+regime runs in both arrival orders (weight 1 first, weight 4 first). Prints JSON (each tenant's
+share over its weighted share; the flood's TTFT ratios) and writes PNG plots.
 """
 
 from __future__ import annotations
