@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from msgspec import UNSET
 from sqlalchemy import or_, select, update
@@ -53,16 +53,15 @@ class KeyService:
             try:
                 async with self._db.transaction() as session:
                     await load_tenant(session, tenant_id)
-                    return await self._issue(session, tenant_id, spec, actor)
+                    return await self._issue(session, tenant_id, spec, actor, self._clock())
             except IntegrityError:
                 continue
         raise InvalidInputError("could not allocate a unique key prefix")
 
     async def _issue(
-        self, session: AsyncSession, tenant_id: str, spec: KeySpec, actor: str
+        self, session: AsyncSession, tenant_id: str, spec: KeySpec, actor: str, now: datetime
     ) -> tuple[KeyInfo, str]:
         prefix, secret = generate_key()
-        now = self._clock()
         row = ApiKey(
             id=new_id("key"),
             tenant_id=tenant_id,
@@ -142,7 +141,7 @@ class KeyService:
                 models=row.models,
                 requests_per_minute=row.requests_per_minute,
             )
-            new, secret = await self._issue(session, row.tenant_id, spec, actor)
+            new, secret = await self._issue(session, row.tenant_id, spec, actor, now)
             overlap_end = now + timedelta(seconds=rotate.overlap_seconds)
             row.expires_at = min(overlap_end, row.expires_at or overlap_end)
             row.replaced_by = new.id

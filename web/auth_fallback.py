@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from tenants.errors import InvalidKeyError, TenantSuspendedError
 from tenants.schemas import AuthContext
@@ -77,6 +78,9 @@ class KnownKeys:
             raise InvalidKeyError("unknown or revoked API key")
         if entry.refusal is not None:
             raise TenantSuspendedError(f"tenant {entry.ctx.tenant_id} is {entry.refusal}")
+        expires_at = entry.ctx.expires_at
+        if expires_at is not None and datetime.now(UTC) >= expires_at:
+            raise InvalidKeyError("API key expired")
         return entry.ctx
 
     def __len__(self) -> int:

@@ -17,13 +17,17 @@ from web.errors import ApiError
 from web.service_generation import GenerationService, Job
 from web.tenancy import Principal, Tenancy
 
+INFERENCE = "inference"  # the key scope that generation needs
+
 
 def _service(request: Request[Any, Any, Any]) -> GenerationService:
     service: GenerationService = request.app.state.generation
     return service
 
 
-async def _authenticate(request: Request[Any, Any, Any]) -> Principal:
+async def _authenticate(request: Request[Any, Any, Any], scope: str | None = None) -> Principal:
+    """The key's principal; a key without ``scope`` is refused with 401, as OpenAI refuses a
+    restricted key that lacks a permission."""
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
@@ -35,6 +39,8 @@ async def _authenticate(request: Request[Any, Any, Any]) -> Principal:
     tenancy: Tenancy = request.app.state.tenancy
     principal = await tenancy.authenticate(secret.strip())
     structlog.contextvars.bind_contextvars(tenant_id=principal.tenant_id)
+    if scope is not None and scope not in principal.scopes:
+        raise ApiError(401, f"This API key lacks the `{scope}` scope.", code="missing_scope")
     return principal
 
 
@@ -68,18 +74,19 @@ def _headers(job: Job) -> dict[str, str]:
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> schemas.ModelList:
-    await _authenticate(request)
+    principal = await _authenticate(request)
     runtime = _service(request).runtime
-    return schemas.ModelList([schemas.ModelCard(id=runtime.name, created=0)])
+    visible = principal.allows_model(runtime.name, *runtime.aliases)
+    return schemas.ModelList([schemas.ModelCard(id=runtime.name, created=0)] if visible else [])
 
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
-        principal = await _authenticate(request)
+        principal = await _authenticate(request, INFERENCE)
         body = schemas.decode_body(await request.body(), schemas.ChatCompletionRequest)
-        service.check_model(body.model)
+        service.check_model(body.model, principal)
         schemas.check_n(body.n)
         messages = schemas.chat_messages(body)
         service.check_open()
@@ -119,9 +126,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
-        principal = await _authenticate(request)
+        principal = await _authenticate(request, INFERENCE)
         body = schemas.decode_body(await request.body(), schemas.CompletionRequest)
-        service.check_model(body.model)
+        service.check_model(body.model, principal)
         schemas.check_n(body.n)
         service.check_open()
         prompt_ids = await service.tokenize_text(body.prompt)

@@ -122,10 +122,17 @@ class GenerationService:
         finally:
             self.num_arriving -= 1
 
-    def check_model(self, model: str) -> None:
-        if not self.runtime.serves(model):
+    def check_model(self, model: str, principal: Principal | None = None) -> None:
+        """404 for a model this server does not serve, or one the key may not call (as OpenAI
+        answers for a model outside a project's allow-list: its existence is not revealed)."""
+        names = (self.runtime.name, *self.runtime.aliases)
+        allowed = principal is None or principal.allows_model(model, *names)
+        if not (self.runtime.serves(model) and allowed):
             raise ApiError(
-                404, f"The model `{model}` does not exist.", code="model_not_found", param="model"
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                code="model_not_found",
+                param="model",
             )
 
     def check_open(self) -> None:

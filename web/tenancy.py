@@ -20,6 +20,7 @@ from tenants.errors import (
     QuotaExceededError,
     TenantSuspendedError,
 )
+from tenants.schemas import SCOPES
 from web.settings import Settings
 
 
@@ -32,6 +33,12 @@ class Principal:
     key_id: str | None = None
     allow_public_prefix: bool = True
     kv_cache_share: float | None = None  # fraction of the KV cache its prefixes may keep
+    scopes: tuple[str, ...] = SCOPES  # what the key may call: "inference", "usage:read"
+    models: tuple[str, ...] | None = None  # the models the key may call; None: every model
+
+    def allows_model(self, *names: str) -> bool:
+        """Whether the key may call a model known by any of ``names`` (its name, an alias)."""
+        return self.models is None or any(name in self.models for name in names)
 
 
 @dataclass(frozen=True, slots=True)

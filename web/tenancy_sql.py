@@ -190,7 +190,12 @@ class SqlTenancy:
     def _principal(self, ctx: AuthContext) -> Principal:
         self._contexts[ctx.key_id] = ctx
         return Principal(
-            ctx.tenant_id, ctx.weight, key_id=ctx.key_id, kv_cache_share=ctx.quotas.kv_cache_share
+            ctx.tenant_id,
+            ctx.weight,
+            key_id=ctx.key_id,
+            kv_cache_share=ctx.quotas.kv_cache_share,
+            scopes=ctx.scopes,
+            models=ctx.models,
         )
 
     async def _settle(self, admission: Admission, usage: Usage) -> None:

@@ -1,11 +1,13 @@
-"""Admin routes for API keys: issue (the secret is returned this once), list, revoke."""
+"""Admin routes for API keys: issue and rotate (the secret is returned this once), list, read,
+change (expiry, scopes, models, requests/min) and revoke."""
 
 from __future__ import annotations
 
-from litestar import Controller, delete, get, post
+from litestar import Controller, delete, get, patch, post
 from litestar.params import FromPath, JSONBody
 from litestar.status_codes import HTTP_200_OK
 
+from tenants.key_policy import KeyPatch, KeyRotate
 from tenants.schemas import KeyInfo
 from web.admin.context import services
 from web.admin.schemas import IssuedKey, KeyCreate
@@ -24,16 +26,38 @@ class KeysController(Controller):
         tenant_id: FromPath[str],
         data: JSONBody[KeyCreate | None] = None,
     ) -> IssuedKey:
-        name = data.name if data is not None and data.name is not None else DEFAULT_KEY_NAME
+        spec = (data or KeyCreate()).spec(DEFAULT_KEY_NAME)
         svc = await services(request)
-        info, secret = await svc.keys.create_key(tenant_id, name, actor=actor_of(request))
-        return IssuedKey(
-            id=info.id, key=secret, prefix=info.prefix, name=info.name, created_at=info.created_at
-        )
+        info, secret = await svc.keys.create_key(tenant_id, spec, actor=actor_of(request))
+        return IssuedKey.of(info, secret)
 
     @get("/tenants/{tenant_id:str}/keys")
     async def list_keys(self, request: AdminRequest, tenant_id: FromPath[str]) -> list[KeyInfo]:
         return await (await services(request)).keys.list_keys(tenant_id)
+
+    @get("/keys/{key_id:str}")
+    async def get_key(self, request: AdminRequest, key_id: FromPath[str]) -> KeyInfo:
+        return await (await services(request)).keys.get_key(key_id)
+
+    @patch("/keys/{key_id:str}")
+    async def update_key(
+        self, request: AdminRequest, key_id: FromPath[str], data: JSONBody[KeyPatch]
+    ) -> KeyInfo:
+        svc = await services(request)
+        return await svc.keys.update_key(key_id, data, actor=actor_of(request))
+
+    @post("/keys/{key_id:str}/rotate")
+    async def rotate_key(
+        self,
+        request: AdminRequest,
+        key_id: FromPath[str],
+        data: JSONBody[KeyRotate | None] = None,
+    ) -> IssuedKey:
+        svc = await services(request)
+        new, secret, old = await svc.keys.rotate_key(
+            key_id, data or KeyRotate(), actor=actor_of(request)
+        )
+        return IssuedKey.of(new, secret, retired=old)
 
     @delete("/keys/{key_id:str}", status_code=HTTP_200_OK)
     async def revoke_key(self, request: AdminRequest, key_id: FromPath[str]) -> KeyInfo:

@@ -6,19 +6,60 @@ from datetime import datetime
 
 import msgspec
 
+from tenants.key_policy import KeySpec
+from tenants.schemas import SCOPES, KeyInfo, Scope
+
 
 class KeyCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A new key: absent fields give a key for every model and scope, without expiry or limit."""
+
     name: str | None = None
+    expires_at: datetime | None = None
+    scopes: list[Scope] = msgspec.field(default_factory=lambda: list(SCOPES))
+    models: list[str] | None = None
+    requests_per_minute: int | None = None
+
+    def spec(self, default_name: str) -> KeySpec:
+        return KeySpec(
+            name=default_name if self.name is None else self.name,
+            expires_at=self.expires_at,
+            scopes=self.scopes,
+            models=self.models,
+            requests_per_minute=self.requests_per_minute,
+        )
 
 
 class IssuedKey(msgspec.Struct, kw_only=True):
-    """The one response that carries a key's secret."""
+    """The one response that carries a key's secret; ``replaces`` names the key a rotation
+    retires (which works until ``replaces_until``)."""
 
     id: str
     key: str
     prefix: str
     name: str
     created_at: datetime
+    expires_at: datetime | None
+    scopes: list[Scope]
+    models: list[str] | None
+    requests_per_minute: int | None
+    replaces: str | None = None
+    replaces_until: datetime | None = None
+
+    @classmethod
+    def of(cls, info: KeyInfo, secret: str, retired: KeyInfo | None = None) -> IssuedKey:
+        return cls(
+            id=info.id,
+            key=secret,
+            prefix=info.prefix,
+            name=info.name,
+            created_at=info.created_at,
+            expires_at=info.expires_at,
+            scopes=info.scopes,
+            models=info.models,
+            requests_per_minute=info.requests_per_minute,
+            replaces=None if retired is None else retired.id,
+            replaces_until=None if retired is None else retired.expires_at,
+        )
 
 
 class PublicPrefixCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
