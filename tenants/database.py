@@ -29,6 +29,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from tenants.errors import InvalidInputError, MigrationError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+SQLITE_PROBE_BUSY_TIMEOUT_MS = 1_000
 CONNECT_TIMEOUT_S = 3.0  # opening a PostgreSQL connection
 COMMAND_TIMEOUT_S = 10.0  # one PostgreSQL statement
 POOL_TIMEOUT_S = 5.0  # waiting for a pooled connection
@@ -87,6 +88,15 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> N
     cursor.close()
 
 
+def _sqlite_probe_on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    # Autocommit and no BEGIN listener: a probe's read never asks for the write lock, and in
+    # WAL mode it does not wait for writers either.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_PROBE_BUSY_TIMEOUT_MS}")
+    cursor.close()
+
+
 def _sqlite_on_begin(conn: Connection) -> None:
     # IMMEDIATE takes the write lock up front, so a read-then-write transaction waits on the
     # busy timeout instead of failing with SQLITE_BUSY when it upgrades its lock.
@@ -100,9 +110,12 @@ DEFAULT_POOL_SIZE = 10
 class Database:
     """One engine and its session factory; create with ``await Database.connect(url)``."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, probe_engine: AsyncEngine | None = None) -> None:
         self.engine = engine
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+        # Health probes use a connection of their own, so they never queue behind the pool's
+        # transactions (SQLite's one connection, a busy PostgreSQL pool) nor take a lock.
+        self._probe_engine = probe_engine
 
     @classmethod
     async def connect(
@@ -124,6 +137,8 @@ class Database:
             )
             event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
             event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
+            probe = create_async_engine(url, pool_size=1, max_overflow=0)
+            event.listen(probe.sync_engine, "connect", _sqlite_probe_on_connect)
         elif parsed.drivername == "postgresql+asyncpg":
             engine = create_async_engine(
                 url,
@@ -133,18 +148,26 @@ class Database:
                 pool_timeout=POOL_TIMEOUT_S,
                 connect_args={"timeout": connect_timeout_s, "command_timeout": command_timeout_s},
             )
+            probe = create_async_engine(
+                url,
+                pool_size=1,
+                max_overflow=0,
+                connect_args={"timeout": connect_timeout_s, "command_timeout": command_timeout_s},
+            )
         else:
             raise InvalidInputError(
                 "database URL must use sqlite+aiosqlite:// or postgresql+asyncpg://",
                 "database_url",
             )
-        return cls(engine)
+        return cls(engine, probe)
 
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
     async def close(self) -> None:
+        if self._probe_engine is not None:
+            await self._probe_engine.dispose()
         await self.engine.dispose()
 
     @asynccontextmanager
@@ -154,10 +177,24 @@ class Database:
             yield session
 
     async def ping(self, timeout_s: float | None = None) -> bool:
-        """True when the database answers a trivial query (readiness) within ``timeout_s``."""
+        """True when a pooled connection answers a trivial query within ``timeout_s`` (this also
+        opens the pool's connections; on SQLite it waits for the write lock like any call)."""
         try:
             async with asyncio.timeout(timeout_s), self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
+        except Exception:
+            return False
+        return True
+
+    async def probe(self, timeout_s: float | None = None) -> bool:
+        """Health: True when the database answers a read within ``timeout_s``, on a connection
+        of its own and without any lock (SQLite reads its schema page, so the file is read)."""
+        engine = self._probe_engine or self.engine
+        query = "SELECT count(*) FROM sqlite_master" if self.dialect == "sqlite" else "SELECT 1"
+        try:
+            async with asyncio.timeout(timeout_s), engine.connect() as conn:
+                await conn.execute(text(query))
+                await conn.rollback()
         except Exception:
             return False
         return True

@@ -1,7 +1,9 @@
-"""Whether the tenant database answers: outages are noticed by failing calls, recovery by a probe.
+"""Whether the tenant database answers: outages are noticed by failing calls or failing probes.
 
-While it is down callers skip it (degraded mode); a background task probes it with a short timeout
-and exponential back-off, runs the recovery hooks once it answers, and sweeps while it is up.
+While it is down callers skip it (degraded mode). A background task probes it on a connection of
+its own: while up, every few seconds (a few failures in a row start an outage, one slow probe does
+not); while down, with exponential back-off, running the recovery hooks once it answers.
+Readiness reads the last known state: no client request makes the gateway probe.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class DatabaseMonitor:
         metrics: DegradedMetrics,
         *,
         probe_timeout_s: float = 2.0,
+        failures_to_degrade: int = 3,
         backoff_initial_s: float = 0.25,
         backoff_max_s: float = 5.0,
         sweep_interval_s: float = 2.0,
@@ -62,6 +65,8 @@ class DatabaseMonitor:
         self._probe = probe
         self._metrics = metrics
         self._probe_timeout_s = probe_timeout_s
+        self._failures_to_degrade = max(1, failures_to_degrade)
+        self.failed_probes = 0  # consecutive failed probes while up
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._sweep_interval_s = sweep_interval_s
@@ -86,13 +91,9 @@ class DatabaseMonitor:
         return True
 
     async def check(self) -> bool:
-        """Readiness: False while down; otherwise probe now (a failure starts an outage)."""
-        if self.down:
-            return False
-        if await self._probe(self._probe_timeout_s):
-            return True
-        self._mark_down("probe_failed")
-        return False
+        """Readiness: the state the last calls and probes left, without probing now (so that
+        anonymous `/readyz` requests can neither load the database nor degrade the gateway)."""
+        return not self.down
 
     def start(self) -> None:
         if self._task is None:
@@ -119,10 +120,13 @@ class DatabaseMonitor:
         backoff = self._backoff_initial_s
         while True:
             if not self.down:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that lands as the wait ends, and stop() would then hang.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._sweep_interval_s)
+                    async with asyncio.timeout(self._sweep_interval_s):
+                        await self._wake.wait()
                 self._wake.clear()
-                if not self.down:
+                if not self.down and await self._probe_while_up():
                     await self._run_sweep()
                 continue
             await asyncio.sleep(backoff)
@@ -131,6 +135,17 @@ class DatabaseMonitor:
                 backoff = self._backoff_initial_s
             else:
                 backoff = min(backoff * 2, self._backoff_max_s)
+
+    async def _probe_while_up(self) -> bool:
+        """Probe once; only ``failures_to_degrade`` failures in a row start an outage."""
+        if await self._probe(self._probe_timeout_s):
+            self.failed_probes = 0
+            return True
+        self.failed_probes += 1
+        log.info("database_probe_failed", consecutive=self.failed_probes)
+        if self.failed_probes >= self._failures_to_degrade:
+            self._mark_down("probe_failed")
+        return False
 
     async def _run_sweep(self) -> None:
         if self.sweep is None:
@@ -144,6 +159,7 @@ class DatabaseMonitor:
     async def _recover(self) -> None:
         started = self._down_since
         self._down_since = None
+        self.failed_probes = 0
         self._metrics.database_up.set(1)
         outage_s = 0.0 if started is None else self._monotonic() - started
         log.info("database_recovered", outage=self.outages, outage_s=round(outage_s, 3))

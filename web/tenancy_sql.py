@@ -58,7 +58,7 @@ class SqlTenancy:
         self.metrics = DegradedMetrics(registry or CollectorRegistry())
         self.known = known_keys or KnownKeys()
         self.local = LocalAdmission(self.metrics)
-        self.monitor = DatabaseMonitor(db.ping, self.metrics, sweep_interval_s=sweep_interval_s)
+        self.monitor = DatabaseMonitor(db.probe, self.metrics, sweep_interval_s=sweep_interval_s)
         self.monitor.sweep = self._sweep_refusals
         self.monitor.recovery_hooks += [self._retry_settles, self._meter.flush]
         self._pending: dict[str, tuple[Admission, Usage]] = {}
