@@ -143,7 +143,7 @@ def create_app(
     """The gateway app. Without ``engine`` the model is loaded at startup from ``settings``;
     without ``store`` the tenant database at ``settings.database_url`` is used."""
     admin = _admin_routers() if include_admin else []
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(per_tenant=settings.metrics_tenant_labels)
     provider = make_tracer_provider(settings.otlp_endpoint, span_processor)
     state = State(
         {

@@ -17,6 +17,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tenants.database import is_unavailable
+from web.metrics import tenant_labels
 
 log = structlog.get_logger("atrium.web")
 Hook = Callable[[], Awaitable[None]]
@@ -26,15 +27,16 @@ Probe = Callable[[float], Awaitable[bool]]
 class DegradedMetrics:
     """What degraded mode did, registered on the gateway's own registry."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, per_tenant: bool = False) -> None:
         r = registry
+        self.per_tenant = per_tenant
         self.database_up = Gauge(
             "atrium_database_up", "1 while the tenant database answers", registry=r
         )
         self.outages = Counter("atrium_database_outages", "Tenant database outages", registry=r)
         self.degraded_admissions = Counter(
-            "atrium_admissions_degraded", "Requests admitted without the database", ["tenant"],
-            registry=r,
+            "atrium_admissions_degraded", "Requests admitted without the database",
+            tenant_labels(per_tenant), registry=r,
         )  # fmt: skip
         self.unverified_keys = Counter(
             "atrium_auth_unverified", "Keys refused with 503: never verified before the outage",

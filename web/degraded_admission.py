@@ -16,6 +16,7 @@ from tenants.errors import DuplicateRequestError, PromptTooLargeError, QuotaExce
 from tenants.rate_limit import drain, try_draw
 from tenants.schemas import AuthContext
 from web.db_monitor import DegradedMetrics
+from web.metrics import child
 
 log = structlog.get_logger("atrium.web")
 CONCURRENCY_RETRY_S = 1.0
@@ -119,7 +120,8 @@ class LocalAdmission:
             remaining_tokens=None if tpm is None else tokens.remaining,
         )
         self._held[request_id] = ticket
-        self._metrics.degraded_admissions.labels(ctx.tenant_id).inc()
+        m = self._metrics
+        child(m.degraded_admissions, m.per_tenant, ctx.tenant_id).inc()
         if self._logged_outage != outage:
             self._logged_outage = outage
             log.warning("admission_degraded", outage=outage)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from litestar import Request, Response, get
 
+from web.errors import ApiError
 from web.metrics import CONTENT_TYPE, GatewayMetrics
 from web.tenancy import Tenancy
 
@@ -42,8 +44,27 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, object]]
     return Response(body, status_code=200 if ready else 503)
 
 
+def check_metrics_token(request: Request[Any, Any, Any]) -> None:
+    """With ``metrics_token`` set, /metrics answers only ``Authorization: Bearer <token>``."""
+    settings = request.app.state.get("settings")
+    expected = getattr(settings, "metrics_token", None)
+    if not expected:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    # Bytes, not str: compare_digest refuses non-ASCII strings, and any client can send them.
+    given_bytes = given.strip().encode("utf-8", "backslashreplace")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, expected.encode()):
+        raise ApiError(
+            401,
+            "A valid metrics token is required: send `Authorization: Bearer <token>`.",
+            code="invalid_metrics_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    check_metrics_token(request)
     registry: GatewayMetrics = request.app.state.metrics
     generation = request.app.state.get("generation")
     stats = generation.runtime.stats if generation is not None else None

@@ -234,7 +234,7 @@ class GenerationService:
         if new_tokens > 0:
             if job.first_token_at is None:
                 job.first_token_at = now
-                self.metrics.ttft.labels(job.tenant_id).observe(now - job.started)
+                self.metrics.observe_ttft(job.tenant_id, now - job.started)
                 job.spans.first_token()
             elif job.last_token_at is not None:
                 self.metrics.itl.observe((now - job.last_token_at) / new_tokens)
@@ -246,7 +246,7 @@ class GenerationService:
         if self.active.pop(job.request_id, None) is None:
             return
         self.metrics.in_flight.dec()
-        self.metrics.requests.labels(job.tenant_id, job.endpoint, status).inc()
+        self.metrics.count_request(job.tenant_id, job.endpoint, status)
         self.metrics.observe_usage(
             job.tenant_id, job.prompt_tokens, job.cached_tokens, job.completion_tokens
         )

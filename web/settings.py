@@ -50,6 +50,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     drain_grace_s: float = 30.0
     retry_after_s: int = 1
     otlp_endpoint: str | None = None
+    # When set, /metrics answers only `Authorization: Bearer <metrics_token>`.
+    metrics_token: str | None = None
+    # Label request and token metrics with tenant ids (off: totals only, no tenant ids shown).
+    metrics_tenant_labels: bool = False
     log_level: str = "info"
     # CPU threads for the model's kernels (None: torch's default, one per core). On a host
     # shared with other busy processes, fewer threads than cores avoids stalls.

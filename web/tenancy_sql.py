@@ -48,6 +48,7 @@ class SqlTenancy:
         db: Database,
         *,
         registry: CollectorRegistry | None = None,
+        per_tenant_metrics: bool = False,
         known_keys: KnownKeys | None = None,
         sweep_interval_s: float = 2.0,
     ) -> None:
@@ -55,7 +56,9 @@ class SqlTenancy:
         self._admission = admission
         self._meter = meter
         self._contexts: dict[str, AuthContext] = {}
-        self.metrics = DegradedMetrics(registry or CollectorRegistry())
+        self.metrics = DegradedMetrics(
+            registry or CollectorRegistry(), per_tenant=per_tenant_metrics
+        )
         self.known = known_keys or KnownKeys()
         self.local = LocalAdmission(self.metrics)
         self.monitor = DatabaseMonitor(db.probe, self.metrics, sweep_interval_s=sweep_interval_s)
@@ -270,6 +273,7 @@ async def connect_sql_tenancy(
         domain.meter,
         db,
         registry=registry if isinstance(registry, CollectorRegistry) else None,
+        per_tenant_metrics=settings.metrics_tenant_labels,
     )
     tenancy.start()
 

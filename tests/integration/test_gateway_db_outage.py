@@ -119,7 +119,7 @@ def test_requests_are_served_through_an_outage_and_metered_once(
     assert int(never_seen.headers["Retry-After"]) >= 1
     metrics = client.get("/metrics").text
     assert "atrium_database_up 0.0" in metrics
-    assert "atrium_admissions_degraded_total{" in metrics
+    assert "atrium_admissions_degraded_total 5.0" in metrics
     assert Path(gw.client.app.state.settings.usage_spool_path).stat().st_size > 0
 
     gw.proxy.restore()
