@@ -1,6 +1,5 @@
-"""The ``atrium`` command line: finds every ``web.cli_*`` module and lets it register subcommands.
-
-A subcommand module exposes ``register(subparsers)`` and sets ``func(args) -> int`` as default.
+"""The ``atrium`` command line: every ``web.cli_*`` module and ``web.cli.*_commands`` module
+registers its subcommands (``register(subparsers)``, setting ``func(args) -> int`` as default).
 """
 
 from __future__ import annotations
@@ -37,11 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="structlog level (env ATRIUM_LOG_LEVEL)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_info in sorted(pkgutil.iter_modules(web.__path__), key=lambda m: m.name):
-        if not module_info.name.startswith("cli_"):
+    names = [f"web.{m.name}" for m in pkgutil.iter_modules(web.__path__)]
+    names += [f"web.cli.{m.name}" for m in pkgutil.iter_modules(__path__)]
+    for name in sorted(names, key=lambda n: n.rpartition(".")[2]):
+        if not name.rpartition(".")[2].startswith("cli_") and not name.endswith("_commands"):
             continue
-        module = importlib.import_module(f"web.{module_info.name}")
-        register = getattr(module, "register", None)
+        register = getattr(importlib.import_module(name), "register", None)
         if callable(register):
             register(subparsers)
     return parser
@@ -57,7 +57,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     status = func(args)
     return int(status or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 from pathlib import Path
@@ -13,14 +12,11 @@ from tenants.auth_cache import AuthCache
 from tenants.database import Database
 from tenants.key_service import KeyService
 from tenants.server_secrets import load_key_secret
-from web.cli_admin import register
+from web.cli import main
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="atrium")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    status = args.func(args)
+    status = main(argv)
     out, err = capsys.readouterr()
     return status, out, err
 

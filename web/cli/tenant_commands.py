@@ -1,0 +1,141 @@
+"""`atrium tenants create|list|show|update|suspend|resume|delete`, on the database directly."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from tenants.schemas import TenantCreate, TenantInfo, TenantPatch
+from web.cli.output import output_flags, print_json, print_one, print_rows
+from web.cli.runner import CLI_ACTOR, DIRECT_NOTE, Services, database_flag, run_db
+from web.cli.values import count_or_none, share_or_none
+
+TENANT_COLUMNS = (
+    ("id", "id"),
+    ("name", "name"),
+    ("status", "status"),
+    ("weight", "weight"),
+    ("created_at", "created"),
+    ("quotas", "quotas"),
+)
+# flag -> quota field; each takes a number or `none` (unlimited)
+QUOTA_FLAGS = {
+    "--rpm": "requests_per_minute",
+    "--tpm": "tokens_per_minute",
+    "--max-concurrent": "max_concurrent_requests",
+    "--monthly-token-budget": "monthly_token_budget",
+    "--max-prompt-tokens": "max_prompt_tokens",
+}
+
+
+def run_create(args: argparse.Namespace) -> int:
+    async def work(svc: Services) -> TenantInfo:
+        spec = msgspec.convert({"name": args.name, "weight": args.weight}, TenantCreate)
+        return await svc.tenants.create(spec, actor=CLI_ACTOR)
+
+    result = run_db("tenants create", args, work)
+    return result if isinstance(result, int) else print_json(result)  # always JSON (CONTRACT)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    async def work(svc: Services) -> list[TenantInfo]:
+        return await svc.tenants.list_tenants(include_deleted=args.all)
+
+    result = run_db("tenants list", args, work)
+    return result if isinstance(result, int) else print_rows(args, result, TENANT_COLUMNS)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    async def work(svc: Services) -> TenantInfo:
+        return await svc.tenants.get(args.tenant_id)
+
+    result = run_db("tenants show", args, work)
+    return result if isinstance(result, int) else print_one(args, result)
+
+
+def _patch(args: argparse.Namespace) -> dict[str, Any]:
+    patch: dict[str, Any] = {}
+    if getattr(args, "weight", None) is not None:
+        patch["weight"] = args.weight
+    quotas = {
+        field: getattr(args, field)
+        for field in (*QUOTA_FLAGS.values(), "kv_cache_share")
+        if getattr(args, field, msgspec.UNSET) is not msgspec.UNSET
+    }
+    if quotas:
+        patch["quotas"] = quotas
+    if getattr(args, "status", None) is not None:
+        patch["status"] = args.status
+    return patch
+
+
+def run_update(args: argparse.Namespace) -> int:
+    name = f"tenants {args.tenants_command}"
+
+    async def work(svc: Services) -> TenantInfo:
+        patch = _patch(args)
+        if not patch:
+            raise ValueError("nothing to change: give --weight or a quota flag")
+        spec = msgspec.convert(patch, TenantPatch)
+        return await svc.tenants.update(args.tenant_id, spec, actor=CLI_ACTOR)
+
+    result = run_db(name, args, work)
+    return result if isinstance(result, int) else print_one(args, result)
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    async def work(svc: Services) -> TenantInfo:
+        return await svc.tenants.delete(args.tenant_id, actor=CLI_ACTOR)
+
+    result = run_db("tenants delete", args, work)
+    return result if isinstance(result, int) else print_one(args, result)
+
+
+def _command(commands: Any, name: str, help_text: str, func: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name, help=help_text, description=f"{help_text}. {DIRECT_NOTE}"
+    )
+    database_flag(parser)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def register(subparsers: Any) -> None:
+    """Add `tenants` to the `atrium` command line."""
+    tenants = subparsers.add_parser("tenants", help="manage tenants", description=DIRECT_NOTE)
+    commands = tenants.add_subparsers(dest="tenants_command", required=True)
+    create = _command(commands, "create", "create a tenant and print it as JSON", run_create)
+    create.add_argument("name")
+    create.add_argument("--weight", type=float, default=1.0)
+
+    listing = _command(commands, "list", "list tenants", run_list)
+    listing.add_argument("--all", action="store_true", help="include deleted tenants")
+    output_flags(listing)
+    show = _command(commands, "show", "show one tenant", run_show)
+    show.add_argument("tenant_id")
+    output_flags(show)
+
+    update = _command(commands, "update", "change a tenant's weight and quotas", run_update)
+    update.add_argument("tenant_id")
+    update.add_argument("--weight", type=float)
+    for flag, field in QUOTA_FLAGS.items():
+        update.add_argument(
+            flag, dest=field, type=count_or_none, default=msgspec.UNSET, metavar="N|none"
+        )
+    update.add_argument(
+        "--kv-cache-share", type=share_or_none, default=msgspec.UNSET, metavar="0..1|none"
+    )
+    output_flags(update)
+    for name, status, text in (
+        ("suspend", "suspended", "suspend a tenant: its keys get 403 until resumed"),
+        ("resume", "active", "make a suspended tenant active again"),
+    ):
+        sub = _command(commands, name, text, run_update)
+        sub.add_argument("tenant_id")
+        sub.set_defaults(status=status)
+        output_flags(sub)
+    delete = _command(commands, "delete", "soft-delete a tenant and revoke its keys", run_delete)
+    delete.add_argument("tenant_id")
+    output_flags(delete)
