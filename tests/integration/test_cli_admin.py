@@ -1,0 +1,244 @@
+"""The admin commands through `atrium`'s entry point, on SQLite and PostgreSQL: what they print,
+what they change (audited as ``cli``), and one-line errors with a non-zero exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenants.auth_cache import AuthCache
+from tenants.database import Database
+from tenants.key_service import KeyService
+from tenants.records import UsageEvent
+from tenants.server_secrets import load_key_secret
+from tenants.usage_store import UsageStore
+from tests.support.postgres import migrate, pg_admin, pg_url, require_postgres
+from web.cli import main
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    monkeypatch.delenv("ATRIUM_SERVER_SECRET", raising=False)
+    if request.param == "sqlite":
+        value = f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}"
+        monkeypatch.setenv("ATRIUM_DATABASE_URL", value)
+        yield value
+        return
+    require_postgres()
+    name = f"atrium_cli_{uuid.uuid4().hex[:12]}"
+    asyncio.run(pg_admin(f"CREATE DATABASE {name}"))
+    try:
+        asyncio.run(migrate(pg_url(name)))  # PostgreSQL is migrated by `atrium db upgrade`
+        monkeypatch.setenv("ATRIUM_DATABASE_URL", pg_url(name))
+        yield pg_url(name)
+    finally:
+        asyncio.run(pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+class Cli:
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+
+    def __call__(self, *argv: str, status: int = 0) -> str:
+        code = main(list(argv))
+        out, err = self.capsys.readouterr()
+        assert code == status, err
+        if status:
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+            return err
+        return out
+
+    def json(self, *argv: str) -> Any:
+        return json.loads(self(*argv, "--json"))
+
+
+@pytest.fixture
+def cli(url: str, capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(capsys)
+
+
+def _authenticate(url: str, secret: str) -> str:
+    async def run() -> str:
+        db = await Database.connect(url)
+        try:
+            keys = KeyService(db, await load_key_secret(db), AuthCache())
+            return (await keys.authenticate(secret)).key_id
+        finally:
+            await db.close()
+
+    return asyncio.run(run())
+
+
+def test_tenants_are_listed_changed_suspended_and_deleted(cli: Cli) -> None:
+    tenant = json.loads(cli("tenants", "create", "acme"))
+    json.loads(cli("tenants", "create", "beta"))
+    assert [t["name"] for t in cli.json("tenants", "list")] == ["acme", "beta"]
+    assert cli.json("tenants", "show", tenant["id"]) == tenant
+    changed = cli.json(
+        "tenants", "update", tenant["id"], "--weight", "2", "--rpm", "60", "--kv-cache-share", "0.5"
+    )
+    assert changed["weight"] == 2.0 and changed["quotas"]["requests_per_minute"] == 60
+    assert changed["quotas"]["kv_cache_share"] == 0.5
+    cleared = cli.json("tenants", "update", tenant["id"], "--rpm", "none")
+    assert cleared["quotas"]["requests_per_minute"] is None
+    assert cleared["quotas"]["kv_cache_share"] == 0.5  # untouched
+    assert cli.json("tenants", "suspend", tenant["id"])["status"] == "suspended"
+    assert cli.json("tenants", "resume", tenant["id"])["status"] == "active"
+    assert cli.json("tenants", "delete", tenant["id"])["status"] == "deleted"
+    assert [t["name"] for t in cli.json("tenants", "list")] == ["beta"]
+    assert len(cli.json("tenants", "list", "--all")) == 2
+    table = cli("tenants", "list", "--table")
+    assert "name" in table and "beta" in table and "{" not in table
+    err = cli("tenants", "show", tenant["id"], status=2)
+    assert err.startswith("atrium tenants show:") and "not found" in err
+    assert "nothing to change" in cli("tenants", "update", "tn_x", status=2)
+
+
+def test_key_lifecycle_from_the_command_line(cli: Cli, url: str) -> None:
+    tenant_id = json.loads(cli("tenants", "create", "acme"))["id"]
+    issued = json.loads(
+        cli(
+            "keys",
+            "create",
+            tenant_id,
+            "--name",
+            "ci",
+            "--scopes",
+            "inference",
+            "--models",
+            "tiny,small",
+            "--rpm",
+            "30",
+            "--expires-in",
+            "30d",
+        )
+    )
+    assert set(issued) == {"id", "key", "tenant_id", "name"}  # as before: CONTRACT §1
+    [listed] = cli.json("keys", "list", tenant_id)
+    assert (listed["scopes"], listed["models"], listed["requests_per_minute"]) == (
+        ["inference"],
+        ["tiny", "small"],
+        30,
+    )
+    expires = datetime.fromisoformat(listed["expires_at"])
+    assert 29 <= (expires - datetime.now(UTC)).days < 30 and "key" not in listed
+
+    changed = cli.json(
+        "keys", "update", issued["id"], "--no-expiry", "--all-models", "--rpm", "none"
+    )
+    assert changed["expires_at"] is None and changed["models"] is None
+    assert changed["requests_per_minute"] is None and changed["scopes"] == ["inference"]
+
+    rotated = json.loads(cli("keys", "rotate", issued["id"], "--overlap", "1h"))
+    assert rotated["replaces"] == issued["id"] and rotated["key"] != issued["key"]
+    assert _authenticate(url, issued["key"]) == issued["id"]  # still inside the overlap
+    assert _authenticate(url, rotated["key"]) == rotated["id"]
+    assert cli.json("keys", "show", issued["id"])["replaced_by"] == rotated["id"]
+    assert "rotated" in cli("keys", "rotate", issued["id"], status=2)
+
+    assert cli.json("keys", "revoke", rotated["id"])["revoked_at"] is not None
+    actions = [
+        (e["action"], e["target"], e["actor"]) for e in cli.json("audit", "--action", "key.")
+    ]
+    assert actions == [
+        ("key.create", issued["id"], "cli"),
+        ("key.update", issued["id"], "cli"),
+        ("key.create", rotated["id"], "cli"),
+        ("key.rotate", issued["id"], "cli"),
+        ("key.revoke", rotated["id"], "cli"),
+    ]
+    assert "Invalid enum value 'admin'" in cli(
+        "keys", "create", tenant_id, "--scopes", "admin", status=2
+    )
+
+
+def test_prices_usage_and_billing_export(cli: Cli, url: str, tmp_path: Path) -> None:
+    tenant_id = json.loads(cli("tenants", "create", "acme"))["id"]
+    price = cli.json(
+        "prices", "set", "tiny", "--input-price", "1000000", "--cached-input-price", "0",
+        "--output-price", "2000000", "--effective-from", "2031-01-01T00:00:00Z",
+    )  # fmt: skip
+    assert price["model"] == "tiny" and price["currency"] == "USD"
+    assert [p["model"] for p in cli.json("prices", "list")] == ["tiny"]
+    at = datetime(2031, 3, 4, 9, tzinfo=UTC)
+    event = UsageEvent(
+        request_id="r1", tenant_id=tenant_id, key_id=None, model="tiny", prompt_tokens=1000,
+        cached_tokens=0, completion_tokens=500, status="ok", started_at=at, finished_at=at,
+    )  # fmt: skip
+
+    async def write() -> None:
+        db = await Database.connect(url)
+        try:
+            await UsageStore(db).write([event])
+        finally:
+            await db.close()
+
+    asyncio.run(write())
+    window = ["--start", "2031-03-01", "--end", "2031-04-01"]
+    [bucket] = cli.json("usage", "--tenant", tenant_id, *window)
+    assert (bucket["requests"], bucket["prompt_tokens"], bucket["completion_tokens"]) == (
+        1,
+        1000,
+        500,
+    )
+    rows = list(csv_rows(cli("billing", "export", *window)))
+    assert rows[0]["tenant_name"] == "acme" and rows[0]["cost"] == "0.002000"
+    out = tmp_path / "bill.jsonl"
+    manifest = cli.json("billing", "export", *window, "--format", "jsonl", "--output", str(out))
+    assert manifest["rows"] == 1 and json.loads(out.read_text())["requests"] == 1
+
+
+def csv_rows(text: str) -> Iterator[dict[str, str]]:
+    import csv
+    import io
+
+    yield from csv.DictReader(io.StringIO(text))
+
+
+def test_failures_are_one_line_with_a_status(cli: Cli, tmp_path: Path) -> None:
+    unreachable = "postgresql+asyncpg://nobody@127.0.0.1:9/none"
+    err = cli("tenants", "list", "--database-url", unreachable, status=1)
+    assert err.startswith("atrium tenants list: database error")
+    err = cli("public-prefixes", "publish", "hi", "--server", "http://127.0.0.1:9", status=2)
+    assert "admin token" in err
+    err = cli(
+        "public-prefixes", "publish", "hi", "--server", "http://127.0.0.1:9",
+        "--admin-token", "t", status=1,
+    )  # fmt: skip
+    assert "cannot reach" in err
+    with pytest.raises(SystemExit) as usage:
+        main(["keys", "rotate", "key_x", "--overlap", "soon"])
+    assert usage.value.code == 2
+
+
+def test_the_installed_entry_point_prints_json_off_a_terminal(url: str) -> None:
+    env = {**os.environ, "ATRIUM_DATABASE_URL": url}
+    command = [sys.executable, "-m", "web.cli"]
+    created = subprocess.run(
+        [*command, "tenants", "create", "acme"], env=env, capture_output=True, text=True, check=True
+    )
+    listed = subprocess.run(
+        [*command, "tenants", "list"], env=env, capture_output=True, text=True, check=True
+    )
+    assert json.loads(listed.stdout) == [json.loads(created.stdout)]
+    missing = subprocess.run(
+        [*command, "keys", "list", "tn_missing"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.strip() == "atrium keys list: tenant 'tn_missing' not found"
