@@ -197,6 +197,8 @@ class KeyService:
         """
         prefix = parse_prefix(secret)
         key_hash = hash_key(self._secret, secret)
+        if self._cache.refused(key_hash):
+            raise InvalidKeyError("unknown or revoked API key")
         ctx = self._cache.get(key_hash)
         if ctx is None:
             ctx = await self._shared_lookup(key_hash, prefix, secret)
@@ -216,7 +218,7 @@ class KeyService:
         return await asyncio.shield(lookup)
 
     async def _lookup_and_cache(self, key_hash: str, prefix: str, secret: str) -> AuthContext:
-        ctx = await self._lookup(prefix, secret)
+        ctx = await self._lookup(key_hash, prefix, secret)
         self._cache.put(key_hash, ctx)
         return ctx
 
@@ -249,7 +251,7 @@ class KeyService:
                         refused[key_id] = status
         return refused
 
-    async def _lookup(self, prefix: str, secret: str) -> AuthContext:
+    async def _lookup(self, key_hash: str, prefix: str, secret: str) -> AuthContext:
         now = self._clock()
         async with self._db.sessions() as session:
             found = (
@@ -259,10 +261,14 @@ class KeyService:
                     .where(ApiKey.prefix == prefix)
                 )
             ).one_or_none()
+            # An unknown or revoked key never becomes valid (an expired one can, by a change
+            # of its expiry): refused without a query for a few seconds.
             if found is None:
+                self._cache.refuse(key_hash)
                 raise InvalidKeyError("unknown API key")
             key, tenant = found
             if not key_matches(self._secret, secret, key.key_hash) or key.revoked_at is not None:
+                self._cache.refuse(key_hash)
                 raise InvalidKeyError("unknown or revoked API key")
             if not is_live(None, key.expires_at, now):
                 raise InvalidKeyError("API key expired")

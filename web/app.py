@@ -16,6 +16,8 @@ from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
 from web import health, routes_openai
+from web.auth_limiter import STATE_KEY as AUTH_LIMITER
+from web.auth_limiter import FailedAuthLimiter
 from web.errors import handle_exception
 from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
@@ -153,6 +155,7 @@ def create_app(
             "generation": None,
             "tenancy": None,
             "engine": None,
+            AUTH_LIMITER: FailedAuthLimiter(settings.auth_failures_per_minute),
         }
     )
 

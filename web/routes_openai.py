@@ -11,8 +11,10 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 
 from engine.outputs import RequestOutput
+from tenants.errors import InvalidKeyError
 from web import openai_schemas as schemas
 from web import sse
+from web.auth_limiter import client_address, limiter_of
 from web.errors import ApiError
 from web.service_generation import GenerationService, Job
 from web.tenancy import Principal, Tenancy
@@ -36,8 +38,17 @@ async def _authenticate(request: Request[Any, Any, Any], scope: str | None = Non
             "You didn't provide an API key: send `Authorization: Bearer <key>`.",
             code="invalid_api_key",
         )
+    limiter = limiter_of(request)
+    address = client_address(request)
+    if limiter is not None:
+        limiter.check(address)
     tenancy: Tenancy = request.app.state.tenancy
-    principal = await tenancy.authenticate(secret.strip())
+    try:
+        principal = await tenancy.authenticate(secret.strip())
+    except InvalidKeyError:
+        if limiter is not None:
+            limiter.record_failure(address)
+        raise
     structlog.contextvars.bind_contextvars(tenant_id=principal.tenant_id)
     if scope is not None and scope not in principal.scopes:
         raise ApiError(401, f"This API key lacks the `{scope}` scope.", code="missing_scope")

@@ -54,6 +54,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     metrics_token: str | None = None
     # Label request and token metrics with tenant ids (off: totals only, no tenant ids shown).
     metrics_tenant_labels: bool = False
+    # Failed authentications a client address may make in a minute before 429s (0: no limit;
+    # behind a reverse proxy every client shares the proxy's address).
+    auth_failures_per_minute: int = 20
     log_level: str = "info"
     # CPU threads for the model's kernels (None: torch's default, one per core). On a host
     # shared with other busy processes, fewer threads than cores avoids stalls.
@@ -86,6 +89,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise SettingsError("max_num_batched_tokens must be positive")
         self.engine_target_tpot_ms  # noqa: B018 (validates)
+        if self.auth_failures_per_minute < 0:
+            raise SettingsError("auth_failures_per_minute must not be negative")
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
 

@@ -13,6 +13,7 @@ from litestar.handlers.base import BaseRouteHandler
 from tenants.server_secrets import verify_admin_token
 from web.admin.context import database
 from web.admin.session import CSRF_HEADER, csrf_matches, current_session
+from web.auth_limiter import client_address, limiter_of
 from web.errors import ApiError
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -55,8 +56,13 @@ async def admin_actor(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     """Who is asking, or an ApiError (401 without credentials, 403 on a forged console call)."""
     token = bearer_token(connection)
     if token is not None:
+        limiter, address = limiter_of(connection), client_address(connection)
+        if limiter is not None:
+            limiter.check(address)
         if token and await verify_admin_token(database(connection), token):
             return TOKEN_ACTOR
+        if limiter is not None:
+            limiter.record_failure(address)
         raise unauthorized("Incorrect admin token provided.")
     session = await current_session(connection)
     if session is None:

@@ -19,6 +19,7 @@ from web.admin.session import (
     current_session,
     is_https,
 )
+from web.auth_limiter import client_address, limiter_of
 from web.console.render import ROOT, render
 from web.errors import ApiError
 
@@ -46,10 +47,15 @@ def refuse_cross_site(request: Request[Any, Any, Any]) -> None:
 @post("/sign-in", status_code=303)
 async def sign_in(request: Request[Any, Any, Any], data: FormData) -> Response[Any]:
     refuse_cross_site(request)
+    limiter, address = limiter_of(request), client_address(request)
+    if limiter is not None:
+        limiter.check(address)
     token = data.get("token", "").strip()
     sessions = console_sessions(request)
     session = await sessions.sign_in(token) if token else None
     if session is None:
+        if limiter is not None:
+            limiter.record_failure(address)
         return render(
             request, "signin.html", status_code=401, error="That admin token is not valid."
         )

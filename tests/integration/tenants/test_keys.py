@@ -90,10 +90,10 @@ def test_concurrent_requests_with_an_uncached_key_share_one_lookup(open_domain) 
             lookup = keys._lookup
             calls: list[str] = []
 
-            async def counted(prefix: str, key: str) -> object:
+            async def counted(key_hash: str, prefix: str, key: str) -> object:
                 calls.append(prefix)
                 await asyncio.sleep(0.05)  # the others arrive while it runs
-                return await lookup(prefix, key)
+                return await lookup(key_hash, prefix, key)
 
             keys._lookup = counted  # type: ignore[method-assign]
             ctxs = await asyncio.gather(*(keys.authenticate(secret) for _ in range(12)))
@@ -112,5 +112,44 @@ def test_concurrent_requests_with_an_uncached_key_share_one_lookup(open_domain) 
                 *(keys.authenticate(forged) for _ in range(5)), return_exceptions=True
             )
             assert all(isinstance(r, InvalidKeyError) for r in results) and len(calls) == 3
+
+    asyncio.run(body())
+
+
+def test_refused_keys_cost_one_query_until_the_refusal_expires(open_domain) -> None:
+    """Made-up keys are remembered as refused for a few seconds (bounded), so repeating one
+    costs no query; a revoked key is refused at once; a valid key is never held up."""
+
+    async def body() -> None:
+        async with open_domain() as domain:
+            tenant = await domain.tenants.create(TenantCreate(name="acme"))
+            info, secret = await domain.keys.create_key(tenant.id)
+            keys = domain.keys
+            now = [0.0]
+            keys._cache._monotonic = lambda: now[0]  # type: ignore[attr-defined]
+            lookup = keys._lookup
+            calls: list[str] = []
+
+            async def counted(key_hash: str, prefix: str, key: str) -> object:
+                calls.append(prefix)
+                return await lookup(key_hash, prefix, key)
+
+            keys._lookup = counted  # type: ignore[method-assign]
+            made_up = f"sk-atr-{'z' * 10}-{'q' * 40}"
+            forged = secret[:-1] + ("a" if secret[-1] != "a" else "b")
+            for bad in [made_up, forged] * 10:
+                with pytest.raises(InvalidKeyError):
+                    await keys.authenticate(bad)
+            assert len(calls) == 2
+            now[0] += 5.1  # the refusal expires: the next try queries again
+            with pytest.raises(InvalidKeyError):
+                await keys.authenticate(made_up)
+            assert len(calls) == 3
+            assert (await keys.authenticate(secret)).key_id == info.id
+            await keys.revoke_key(info.id)
+            for _ in range(3):
+                with pytest.raises(InvalidKeyError):
+                    await keys.authenticate(secret)
+            assert len(calls) == 5
 
     asyncio.run(body())

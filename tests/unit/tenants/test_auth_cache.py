@@ -37,3 +37,16 @@ def test_entries_expire_and_are_dropped_by_key_or_tenant() -> None:
 def test_ttl_is_capped_at_one_second() -> None:
     with pytest.raises(ValueError, match="ttl_s"):
         AuthCache(ttl_s=5.0)
+
+
+def test_refusals_expire_and_stay_bounded() -> None:
+    now = [0.0]
+    cache = AuthCache(max_entries=3, monotonic=lambda: now[0], refusal_ttl_s=5.0)
+    for key_hash in ("a", "b", "c"):
+        cache.refuse(key_hash)
+    assert all(cache.refused(h) for h in ("a", "b", "c")) and not cache.refused("d")
+    cache.refuse("d")  # full: the oldest refusal is forgotten (it would simply re-query)
+    assert not cache.refused("a") and cache.refused("d")
+    now[0] = 5.0
+    assert not any(cache.refused(h) for h in ("b", "c", "d"))
+    assert not AuthCache(refusal_ttl_s=0.0).refused("x")
