@@ -10,7 +10,11 @@ import msgspec
 from tenants.errors import InvalidInputError
 from tenants.schemas import check_count, check_name
 
-EventStatus = Literal["ok", "error", "disconnect", "rejected", "timeout"]
+# "rejected" and "unavailable": refused by the engine before any token was computed (never
+# billed); "gateway_lost": settled by another gateway after this one died (prompt tokens only).
+EventStatus = Literal[
+    "ok", "error", "disconnect", "rejected", "timeout", "unavailable", "gateway_lost"
+]
 Granularity = Literal["hour", "day"]
 ExportFormat = Literal["csv", "jsonl"]
 

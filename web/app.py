@@ -103,6 +103,8 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         engine = AsyncEngine(llm)
         engine.start()
         tokenizer, name, max_model_len = loaded.tokenizer, loaded.name, llm.max_model_len
+    snapshot = engine.stats()
+    capacity = int(snapshot.num_pages_total) * int(snapshot.page_size)
     runtime = ModelRuntime(
         name=name,
         engine=engine,
@@ -110,6 +112,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         max_model_len=max_model_len,
         aliases=("default",) if settings.model == "default" else (),
         stats=lambda: engine_numbers(engine.stats()),
+        kv_capacity_tokens=capacity or None,
     )
     return runtime, engine, engine.shutdown
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import structlog
 from opentelemetry import trace
 
-from engine.errors import PromptTooLongError
+from engine.errors import EngineError, InvalidRequestError, PromptTooLongError
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from web.errors import ApiError, unavailable
@@ -54,6 +54,8 @@ class ModelRuntime:
     max_model_len: int
     aliases: tuple[str, ...] = ()
     stats: Callable[[], dict[str, object]] | None = None
+    # Tokens the engine's KV cache holds (None: unknown); a longer prompt is refused at once.
+    kv_capacity_tokens: int | None = None
 
     def serves(self, model: str) -> bool:
         return model == self.name or model in self.aliases
@@ -151,6 +153,13 @@ class GenerationService:
         """The requested max_tokens if it fits the context, else the remaining context, capped."""
         limit = self.runtime.max_model_len
         remaining = limit - num_prompt_tokens
+        capacity = self.runtime.kv_capacity_tokens
+        if capacity is not None and num_prompt_tokens > capacity:
+            # The engine would refuse it after admission: refuse it before anything is reserved.
+            raise PromptTooLongError(
+                f"The prompt has {num_prompt_tokens} tokens; the KV cache holds {capacity}.",
+                prompt_param,
+            )
         if requested is not None and requested <= 0:
             return requested  # SamplingParams.validate names it
         if remaining <= 0:
@@ -208,8 +217,10 @@ class GenerationService:
             num_following=self.num_arriving,
         )
         status = "error"
+        received = False
         try:
             async for out in self.runtime.engine.generate(request):
+                received = True
                 self._account(job, out)
                 if out.finished:
                     job.finish_reason = out.finish_reason
@@ -219,6 +230,11 @@ class GenerationService:
                     return
         except (asyncio.CancelledError, GeneratorExit):
             status = "disconnect"
+            raise
+        except EngineError as error:
+            if not received:  # refused before computing anything: recorded, never billed
+                status = "rejected" if isinstance(error, InvalidRequestError) else "unavailable"
+                job.prompt_tokens = job.cached_tokens = job.completion_tokens = 0
             raise
         finally:
             if job.finish_reason is None:

@@ -61,7 +61,7 @@ class UsageRecord:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
-    status: str  # "ok" | "error" | "disconnect"
+    status: str  # "ok" | "error" | "disconnect" | "rejected" | "unavailable" (never billed)
     started_at: datetime
     finished_at: datetime
     key_id: str | None = None
