@@ -7,11 +7,32 @@ KV cache layout, one tensor per layer: ``[num_pages, 2, page_size, num_kv_heads,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.device import zeros_on_huge_pages
+
+
+class LayerAttention(NamedTuple):
+    """What one layer's attention does beyond plain causal softmax attention."""
+
+    window: int | None = None  # keys a query sees, itself included (sliding window), or all
+    softcap: float | None = None  # scores become softcap * tanh(scores / softcap)
+    scale: float | None = None  # of the scores, instead of head_dim ** -0.5
+
+    @property
+    def plain(self) -> bool:
+        return self.window is None and self.softcap is None and self.scale is None
+
+    def describe(self) -> str:
+        parts = [
+            f"a sliding window of {self.window}" if self.window is not None else "",
+            f"logit soft-capping at {self.softcap}" if self.softcap is not None else "",
+            f"a score scale of {self.scale}" if self.scale is not None else "",
+        ]
+        return ", ".join(p for p in parts if p) or "plain attention"
 
 
 class AttentionBackend(ABC):
@@ -33,6 +54,25 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
     ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
         """Write this step's K/V into their slots, then attend over each sequence's pages."""
+
+    def serves(self, layer: LayerAttention) -> bool:
+        """Whether :meth:`forward_layer` runs ``layer`` (a backend that says no is refused when
+        it is built for such a model)."""
+        return layer.plain
+
+    def forward_layer(
+        self,
+        layer_id: int,
+        q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
+        layer: LayerAttention,
+    ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
+        """:meth:`forward` with the layer's window, soft-capping and scale."""
+        if not layer.plain:
+            raise NotImplementedError(f"the {self.name} attention backend lacks {layer.describe()}")
+        return self.forward(layer_id, q, k, v, kv_cache)
 
 
 def allocate_kv_caches(

@@ -124,4 +124,13 @@ def create_backend(
         num_pages=num_pages,
         prefill_kernel=prefill_kernel,
     )
-    return factory(spec)
+    backend = factory(spec)
+    # Sliding windows, soft-capping and scales (ModelConfig.attention_layers) not every
+    # backend runs: refused here, at start, rather than at the first step.
+    for layer in set(getattr(model, "attention_layers", ())):
+        if not backend.serves(layer):
+            raise BackendUnavailableError(
+                f"the {chosen} attention backend lacks {layer.describe()}, which this model "
+                "uses; choose the torch backend"
+            )
+    return backend

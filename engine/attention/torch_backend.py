@@ -9,13 +9,14 @@ indices, decode page tables or gather index and mask, each chunk's causal mask) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from engine.attention.backend import AttentionBackend
+from engine.attention.backend import AttentionBackend, LayerAttention
+from engine.attention.masked_attention import MaskedPlan, masked_attention, plan_masked
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.native_attention import ChunkKernel, DecodeKernel
 from engine.attention.shared_prefix import group_shared_prefixes
@@ -124,6 +125,8 @@ class _Plan:
     decodes: _PageTables | _Keys | _Cascade | None
     chunks: list[_Chunk]  # prefill chunks for SDPA (none when the chunk kernel takes them)
     chunk_tables: _ChunkTables | None = None  # prefill chunks for the native chunk kernel
+    meta: AttentionMetadata | None = None  # for the masked plans, built when a layer needs one
+    masked: dict[int | None, MaskedPlan] = field(default_factory=dict)  # by window
 
 
 def _head_rows(k_rows: torch.Tensor, page_size: int, num_kv_heads: int) -> torch.Tensor:
@@ -194,6 +197,7 @@ class TorchAttentionBackend(AttentionBackend):
             decodes=None if decodes is None else decodes.to(device),
             chunks=chunks,
             chunk_tables=chunk_tables,
+            meta=meta,
         )
 
     @staticmethod
@@ -224,13 +228,8 @@ class TorchAttentionBackend(AttentionBackend):
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
     ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
-        plan = self._plan
-        if plan is None:
-            raise RuntimeError("plan() must run before forward()")
-        num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
-        flat = kv_cache.view(-1, num_kv_heads, head_dim)  # [num_pages * 2 * page_size, kvh, d]
-        flat.index_copy_(0, plan.write_rows, k)
-        flat.index_copy_(0, plan.write_v_rows, v)
+        plan = self._write(k, v, kv_cache)
+        num_kv_heads = kv_cache.shape[-2]
         tables = plan.chunk_tables
         if not plan.chunks and tables is None:  # a pure decode step: every row a decode, in order
             return self._decode(q, kv_cache, plan)
@@ -260,6 +259,45 @@ class TorchAttentionBackend(AttentionBackend):
                 ks, vs = _gather(kv_cache, chunk.head_rows).unbind(0)  # [kv_heads, kv_len, d]
             out[chunk.q_start : chunk.q_end] = _sdpa_chunk(qs, ks, vs, chunk.mask)
         return out
+
+    def _write(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> _Plan:
+        """Write the step's K/V into their slots; returns the step's plan."""
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("plan() must run before forward()")
+        num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
+        flat = kv_cache.view(-1, num_kv_heads, head_dim)  # [num_pages * 2 * page_size, kvh, d]
+        flat.index_copy_(0, plan.write_rows, k)
+        flat.index_copy_(0, plan.write_v_rows, v)
+        return plan
+
+    def serves(self, layer: LayerAttention) -> bool:
+        return True
+
+    def forward_layer(
+        self,
+        layer_id: int,
+        q: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
+        layer: LayerAttention,
+    ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim]
+        """Plain layers, and windowed ones whose window holds every sequence of the step, take
+        :meth:`forward` (native kernels); the rest the masked torch path."""
+        plan = self._plan
+        if plan is None or plan.meta is None:
+            raise RuntimeError("plan() must run before forward()")
+        window = layer.window
+        if window is not None and max(plan.meta.kv_lens) <= window:
+            window = None
+        if window is None and layer.softcap is None and layer.scale is None:
+            return self.forward(layer_id, q, k, v, kv_cache)
+        self._write(k, v, kv_cache)
+        masked = plan.masked.get(window)
+        if masked is None:
+            masked = plan.masked[window] = plan_masked(plan.meta, window, kv_cache.shape[-2])
+        return masked_attention(q, kv_cache, masked, layer._replace(window=window))
 
     def _decode(
         self,

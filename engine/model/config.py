@@ -8,7 +8,16 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+from engine.attention.backend import LayerAttention
+from engine.model.architectures import (
+    ACTIVATIONS,
+    ARCHITECTURES,
+    ArchSpec,
+    layer_windows,
+    refuse_unsupported,
+)
+
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
 def _as_tuple(value: Any) -> tuple[int, ...]:
@@ -38,12 +47,53 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
+    # Per layer, the keys a query sees under a sliding window (itself included), 0 for the
+    # whole history; empty when no layer slides.
+    layer_windows: tuple[int, ...] = ()
+    attn_logit_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcap: float | None = None  # the same on the output logits
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power, if set
+    hidden_act: str = "silu"
+    # Per RoPE frequency, a divisor of its inverse frequency (a GGUF's rope_freqs tensor).
+    rope_freq_factors: tuple[float, ...] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {self.architecture!r}")
+            raise ValueError(
+                f"unsupported architecture {self.architecture!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"unsupported activation {self.hidden_act!r}")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError("layer_windows must name every layer")
+        factors = self.rope_freq_factors
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise ValueError(
+                f"rope_freqs has {len(factors)} factors, RoPE needs {self.head_dim // 2}"
+            )
+
+    @property
+    def spec(self) -> ArchSpec:
+        """What this architecture changes in the decoder."""
+        return ARCHITECTURES[self.architecture]
+
+    def window(self, layer_id: int) -> int | None:
+        """The sliding window of layer ``layer_id``, or None if it sees the whole history."""
+        return (self.layer_windows[layer_id] or None) if self.layer_windows else None
+
+    @property
+    def attention_layers(self) -> tuple[LayerAttention, ...]:
+        """Each layer's window, soft-capping and score scale (all None: plain attention)."""
+        scale = None
+        if self.query_pre_attn_scalar not in (None, float(self.head_dim)):
+            scale = self.query_pre_attn_scalar**-0.5  # type: ignore[operator]
+        return tuple(
+            LayerAttention(self.window(i), self.attn_logit_softcap, scale)
+            for i in range(self.num_layers)
+        )
 
     @property
     def q_size(self) -> int:
@@ -56,15 +106,19 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` (transformers 4.x or 5.x layout)."""
-        model_type = str(cfg.get("model_type", "llama"))
-        arch = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}.get(model_type)
-        if arch is None:
-            raise ValueError(f"unsupported model_type {model_type!r}")
+        arch = str(cfg.get("model_type", "llama"))
+        if arch not in ARCHITECTURES:
+            raise ValueError(
+                f"unsupported model_type {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        spec = ARCHITECTURES[arch]
+        refuse_unsupported(cfg, arch)
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
         head_dim = cfg.get("head_dim") or hidden // num_heads
         # transformers 5.x: rope_parameters holds rope_theta and the scaling; 4.x: top level.
         rope_params = dict(cfg.get("rope_parameters") or {})
+        refuse_unsupported(rope_params, arch)  # Phi-3 keeps partial_rotary_factor there
         theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or rope_params
         rope_scaling = _normalize_rope_scaling(scaling)
@@ -81,24 +135,38 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            attention_bias=spec.qkv_bias,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
             architecture=arch,
+            layer_windows=layer_windows(cfg, spec, int(cfg["num_hidden_layers"])),
+            attn_logit_softcap=_optional_float(cfg.get("attn_logit_softcapping")),
+            final_logit_softcap=_optional_float(cfg.get("final_logit_softcapping")),
+            query_pre_attn_scalar=_optional_float(cfg.get("query_pre_attn_scalar")),
+            hidden_act=str(
+                cfg.get("hidden_activation") or cfg.get("hidden_act") or spec.default_activation
+            ),
         )
 
     @classmethod
-    def from_gguf_metadata(cls, meta: Mapping[str, Any], *, tied: bool) -> ModelConfig:
-        """Build from GGUF key/values (``llama.*`` / ``qwen2.*``); ``tied`` if no output.weight."""
+    def from_gguf_metadata(
+        cls, meta: Mapping[str, Any], *, tied: bool, rope_freq_factors: tuple[float, ...] | None
+    ) -> ModelConfig:
+        """Build from GGUF key/values (``<arch>.*``); ``tied`` if the file has no output.weight."""
         arch = str(meta["general.architecture"])
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported GGUF architecture {arch!r}")
+            raise ValueError(
+                f"unsupported GGUF architecture {arch!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        spec = ARCHITECTURES[arch]
 
         def key(name: str, default: Any = None) -> Any:
             return meta.get(f"{arch}.{name}", default)
 
         hidden = int(key("embedding_length"))
         num_heads = int(key("attention.head_count"))
+        num_layers = int(key("block_count"))
         vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
         scaling: dict[str, Any] | None = None
         scale_type = key("rope.scaling.type")
@@ -107,13 +175,17 @@ class ModelConfig:
             orig = key("rope.scaling.original_context_length")
             if orig is not None:
                 scaling["original_max_position_embeddings"] = int(orig)
+        window = key("attention.sliding_window")
+        windows = layer_windows({"sliding_window": window}, spec, num_layers)
+        # llama.cpp scales Gemma 2's queries by head_dim, except the 27B's (hidden / heads).
+        pre_attn = hidden / num_heads if arch == "gemma2" and num_layers == 46 else None
         eos = meta.get("tokenizer.ggml.eos_token_id")
         bos = meta.get("tokenizer.ggml.bos_token_id")
         return cls(
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(key("feed_forward_length")),
-            num_layers=int(key("block_count")),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(key("attention.head_count_kv", num_heads)),
             head_dim=int(key("attention.key_length", hidden // num_heads)),
@@ -122,27 +194,30 @@ class ModelConfig:
             rope_scaling=_normalize_rope_scaling(scaling),
             max_position_embeddings=int(key("context_length", 2048)),
             tie_word_embeddings=tied,
-            attention_bias=arch == "qwen2",
+            attention_bias=spec.qkv_bias,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=_as_tuple(eos),
             architecture=arch,
+            layer_windows=windows,
+            attn_logit_softcap=_optional_f32(key("attn_logit_softcapping")),
+            final_logit_softcap=_optional_f32(key("final_logit_softcapping")),
+            query_pre_attn_scalar=pre_attn,
+            hidden_act=spec.default_activation,
+            rope_freq_factors=rope_freq_factors,
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A transformers-loadable ``config.json`` body (LlamaForCausalLM / Qwen2ForCausalLM)."""
+        """A transformers-loadable ``config.json`` body for this architecture's class."""
+        if self.rope_freq_factors is not None:
+            raise ValueError("RoPE frequency factors from a GGUF file have no config.json form")
         rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling is not None:
             rope = {**self.rope_scaling, "rope_theta": self.rope_theta}
-        arch_class = {
-            "llama": "LlamaForCausalLM",
-            "mistral": "MistralForCausalLM",
-            "qwen2": "Qwen2ForCausalLM",
-        }
         eos: int | list[int] | None = list(self.eos_token_ids) or None
         if len(self.eos_token_ids) == 1:
             eos = self.eos_token_ids[0]
         out: dict[str, Any] = {
-            "architectures": [arch_class[self.architecture]],
+            "architectures": [self.spec.hf_class],
             "model_type": self.architecture,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -151,7 +226,8 @@ class ModelConfig:
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": self.hidden_act,
+            "hidden_activation": self.hidden_act,
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
@@ -161,11 +237,29 @@ class ModelConfig:
             "rope_theta": self.rope_theta,
             "rope_parameters": rope,
             "rope_scaling": None if self.rope_scaling is None else dict(rope),
+            "attn_logit_softcapping": self.attn_logit_softcap,
+            "final_logit_softcapping": self.final_logit_softcap,
+            "query_pre_attn_scalar": self.query_pre_attn_scalar or self.head_dim,
+            "sliding_window": max(self.layer_windows, default=0) or None,
         }
-        if self.architecture == "llama":
-            out["attention_bias"] = self.attention_bias
+        if self.layer_windows and self.spec.window_rule != "all":
+            out["use_sliding_window"] = True
+            out["max_window_layers"] = 0
+            out["layer_types"] = [
+                "sliding_attention" if w else "full_attention" for w in self.layer_windows
+            ]
+        if self.architecture in ("llama", "qwen3", "gemma2"):
+            out["attention_bias"] = False
             out["mlp_bias"] = False
         return out
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _optional_f32(value: Any) -> float | None:
+    return None if value is None else _f32(value)
 
 
 def _f32(value: Any) -> float:

@@ -3,7 +3,8 @@
 The file is read by ``engine.model.gguf_file``; dequantization (F32, F16, BF16, Q8_0, Q4_0,
 Q4_1, …) is done by ``gguf.quants`` in numpy. For the
 ``llama`` architecture llama.cpp's converter permutes the rows of Q and K (interleaved RoPE); we
-undo it so the weights fit the rotate-half RoPE of our model and of transformers.
+undo it so the weights fit the rotate-half RoPE of our model and of transformers. Llama 3's RoPE
+scaling arrives as the ``rope_freqs`` tensor; Gemma's norms with their offset already added.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gguf.quants import dequantize
 
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFFile
+from engine.model.hf_loader import refuse_unused
 from engine.model.weights import hf_to_fused
 
 _GLOBAL_NAMES = {
@@ -40,18 +42,38 @@ _BLOCK_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Where an architecture's GGUF names mean other HF tensors than Llama's.
+_ARCH_BLOCK_NAMES = {
+    "qwen3": {
+        "attn_q_norm.weight": "self_attn.q_norm.weight",
+        "attn_k_norm.weight": "self_attn.k_norm.weight",
+    },
+    "phi3": {
+        "attn_qkv.weight": "self_attn.qkv_proj.weight",
+        "ffn_up.weight": "mlp.gate_up_proj.weight",  # gate and up rows, fused
+    },
+    "gemma2": {
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+        "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    },
+}
+_ROPE_FREQS = "rope_freqs.weight"
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 # Arrays read in full for the tokenizer; other array fields (often huge) are skipped.
 _TOKENIZER_ARRAYS = tuple(f"tokenizer.ggml.{name}" for name in ("tokens", "token_type", "merges"))
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The HF name of a GGUF tensor, or None for tensors we do not use."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _BLOCK.fullmatch(gguf_name)
-    if match and match.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
+    if match is None:
+        return None
+    names = {**_BLOCK_NAMES, **_ARCH_BLOCK_NAMES.get(arch, {})}
+    if match.group(2) in names:
+        return f"model.layers.{match.group(1)}.{names[match.group(2)]}"
     return None
 
 
@@ -78,10 +100,13 @@ def dequantized_tensors(reader: GGUFFile) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def read_gguf_config(reader: GGUFFile, meta: dict[str, Any]) -> ModelConfig:
-    names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise NotImplementedError("GGUF files with rope_freqs (Llama 3.1 RoPE) are not supported")
-    return ModelConfig.from_gguf_metadata(meta, tied="output.weight" not in names)
+    factors = None
+    for tensor in reader.tensors:
+        if tensor.name == _ROPE_FREQS:
+            array = dequantize(np.array(tensor.data), tensor.tensor_type)
+            factors = tuple(float(f) for f in np.asarray(array, dtype=np.float32).reshape(-1))
+    tied = all(t.name != "output.weight" for t in reader.tensors)
+    return ModelConfig.from_gguf_metadata(meta, tied=tied, rope_freq_factors=factors)
 
 
 def load_gguf_state(
@@ -89,10 +114,14 @@ def load_gguf_state(
 ) -> dict[str, torch.Tensor]:
     """Dequantize every weight, undo the Q/K permutation for llama, and fuse into our layout."""
     hf: dict[str, torch.Tensor] = {}
-    permuted = config.architecture in ("llama", "mistral")
+    spec = config.spec
+    permuted = spec.gguf_permuted_qk
+    unknown: list[str] = []
     for name, raw in dequantized_tensors(reader):
-        hf_name = hf_tensor_name(name)
+        hf_name = hf_tensor_name(name, config.architecture)
         if hf_name is None:
+            if name != _ROPE_FREQS:
+                unknown.append(name)
             continue
         array = raw
         if permuted and hf_name.endswith("q_proj.weight"):
@@ -104,12 +133,18 @@ def load_gguf_state(
     if missing:
         raise ValueError(f"GGUF file lacks tensors {missing}")
 
+    used: set[str] = set()
+
     def get(name: str) -> torch.Tensor:
         if name not in hf:
             raise KeyError(f"tensor {name!r} missing from the GGUF file")
+        used.add(name)
         return hf[name]
 
-    return hf_to_fused(config, get, dtype, device)
+    offset = 0.0 if spec.gguf_norm_offset_added else None
+    state = hf_to_fused(config, get, dtype, device, norm_offset=offset)
+    refuse_unused([*unknown, *(hf.keys() - used)], "the GGUF file")
+    return state
 
 
 def open_gguf(path: Path) -> tuple[GGUFFile, dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -57,10 +58,28 @@ def load_hf_state(
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
                 where[name] = handle
 
+        used: set[str] = set()
+
         def get(name: str) -> torch.Tensor:
             if name not in where:
                 raise KeyError(f"tensor {name!r} missing from {path}")
+            used.add(name)
             tensor: torch.Tensor = where[name].get_tensor(name)
             return tensor
 
-        return hf_to_fused(config, get, dtype, device)
+        state = hf_to_fused(config, get, dtype, device)
+        refuse_unused(where.keys() - used, str(path))
+        return state
+
+
+# Tensors a checkpoint may carry that change nothing: RoPE tables (recomputed), and an output
+# matrix saved beside tied embeddings.
+_IGNORED = ("rotary_emb.inv_freq", "lm_head.weight")
+
+
+def refuse_unused(names: Collection[str], source: str) -> None:
+    """A weight the decoder would not use means a feature it lacks: refuse, never ignore it."""
+    unused = sorted(n for n in names if not n.endswith(_IGNORED))
+    if unused:
+        shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+        raise ValueError(f"{source} holds weights this architecture does not use: {shown}")

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Mistral, SmolLM, Qwen2) over a flattened, unpadded batch.
+"""The Llama-family decoder over a flattened, unpadded batch; what other architectures (Mistral,
+Qwen2/3, Phi-3, Gemma 2) change is read from ``config.spec`` (``architectures.py``).
 
 Each layer is a handful of kernels: fused QKV and gate/up matmuls, RoPE on Q and K together in
 place, and the residual adds folded into the output projections (``addmm``). On CPU the
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from torch.nn.functional import rms_norm, silu
+from torch.nn.functional import gelu, rms_norm, silu
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
@@ -63,6 +64,13 @@ class Attention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.layer = config.attention_layers[layer_id]
+        # Qwen3: an RMSNorm over each head of Q and K (torch's: the rows are strided views).
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.spec.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qkv_packed: Packed | None = None  # see ``LlamaForCausalLM.pack_weights``
         self.o_packed: Packed | None = None
         self.native: NativeOps | None = None
@@ -70,7 +78,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden], normalised
-        residual: torch.Tensor,  # [num_tokens, hidden]
+        residual: torch.Tensor | None,  # [num_tokens, hidden], or None: the output alone
         rope: RopeTables,
         backend: AttentionBackend,
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
@@ -80,6 +88,11 @@ class Attention(nn.Module):
         qkv_proj = self.qkv_proj
         qkv = project(x, qkv_proj.weight, self.qkv_packed, qkv_proj.bias)  # [n, q + 2 * kv]
         qk_end = self.q_size + self.kv_size
+        if self.q_norm is not None and self.k_norm is not None:
+            q_heads = qkv[:, : self.q_size].view(n, self.num_heads, d)
+            k_heads = qkv[:, self.q_size : qk_end].view(n, self.num_kv_heads, d)
+            q_heads.copy_(self.q_norm(q_heads))
+            k_heads.copy_(self.k_norm(k_heads))
         # Q and K heads side by side: one rotation for both, written back into ``qkv``.
         qk = qkv[:, :qk_end].view(n, -1, d)
         if self.native is not None and qk.dtype in NATIVE_DTYPES:
@@ -89,10 +102,17 @@ class Attention(nn.Module):
         q = qkv[:, : self.q_size].view(n, self.num_heads, d)
         k = qkv[:, self.q_size : qk_end].view(n, self.num_kv_heads, d)
         v = qkv[:, qk_end:].view(n, self.num_kv_heads, d)
-        out = backend.forward(self.layer_id, q, k, v, kv_cache)  # [num_tokens, heads, head_dim]
+        if self.layer.plain:
+            out = backend.forward(self.layer_id, q, k, v, kv_cache)  # [n, heads, head_dim]
+        else:
+            out = backend.forward_layer(self.layer_id, q, k, v, kv_cache, self.layer)
         out = out.reshape(n, self.q_size)
         if rows is not None:  # every row's K/V is written above; only these go on
-            out, residual = out.index_select(0, rows), residual.index_select(0, rows)
+            out = out.index_select(0, rows)
+        if residual is None:
+            return project(out, self.o_proj.weight, self.o_packed)
+        if rows is not None:
+            residual = residual.index_select(0, rows)
         return project_add(out, self.o_proj.weight, self.o_packed, residual)
 
 
@@ -122,6 +142,7 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, scratch: Scratch | None = None) -> None:
         super().__init__()
         self.scratch = scratch
+        self.gelu = config.hidden_act == "gelu_pytorch_tanh"
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
@@ -131,16 +152,21 @@ class MLP(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden], normalised
-        residual: torch.Tensor,  # [num_tokens, hidden]
+        residual: torch.Tensor | None,  # [num_tokens, hidden], or None: the output alone
     ) -> torch.Tensor:  # [num_tokens, hidden]: residual + MLP output
         gate_up = project(x, self.gate_up_proj.weight, self.gate_up_packed)  # [n, 2 * inter]
         inter = self.intermediate_size
         # SwiGLU: SiLU in place over the gate half, then the product into contiguous rows of the
         # shared scratch (oneDNN would copy strided rows first; a new tensor would be mapped and
         # faulted in every layer). The same element-wise bits either way.
-        gate = silu(gate_up[:, :inter], inplace=True)
+        if self.gelu:  # Gemma's GeGLU
+            gate = gelu(gate_up[:, :inter], approximate="tanh")
+        else:
+            gate = silu(gate_up[:, :inter], inplace=True)
         out = None if self.scratch is None else self.scratch.rows(x.shape[0], inter, gate)
         hidden = torch.mul(gate, gate_up[:, inter:], out=out)
+        if residual is None:
+            return project(hidden, self.down_proj.weight, self.down_packed)
         return project_add(hidden, self.down_proj.weight, self.down_packed, residual)
 
 
@@ -151,6 +177,12 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, layer_id)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, scratch)
+        # Gemma 2's sandwich: a norm on the attention's and on the MLP's output too.
+        self.attn_out_norm: RMSNorm | None = None
+        self.mlp_out_norm: RMSNorm | None = None
+        if config.spec.sandwich_norms:
+            self.attn_out_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.mlp_out_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self,
@@ -160,6 +192,12 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         rows: torch.Tensor | None = None,  # [num_out] int64: the only rows returned, or all
     ) -> torch.Tensor:  # [num_out, hidden]
+        if self.attn_out_norm is not None and self.mlp_out_norm is not None:
+            h = self.self_attn(self.input_layernorm(x), None, rope, backend, kv_cache, rows)
+            x = (x if rows is None else x.index_select(0, rows)) + self.attn_out_norm(h)
+            h = self.mlp(self.post_attention_layernorm(x), None)
+            sandwiched: torch.Tensor = x + self.mlp_out_norm(h)
+            return sandwiched
         x = self.self_attn(self.input_layernorm(x), x, rope, backend, kv_cache, rows)
         out: torch.Tensor = self.mlp(self.post_attention_layernorm(x), x)
         return out
@@ -199,7 +237,12 @@ class LlamaForCausalLM(nn.Module):
         weight = self.embed_tokens.weight
         c = self.config
         cos, sin = rope_cos_sin(
-            c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings, weight.device
+            c.head_dim,
+            c.rope_theta,
+            c.rope_scaling,
+            c.max_position_embeddings,
+            weight.device,
+            c.rope_freq_factors,
         )
         # The table is computed in float32 and cast once, like the reference per-step cast.
         self.rope_cos = cos.to(weight.dtype)
@@ -214,6 +257,11 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, RMSNorm | Attention):
                 module.native = ops
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                if norm is not None:  # it runs over strided head views: torch's
+                    norm.native = None
 
     def pack_weights(self) -> bool:
         """Keep a oneDNN-packed copy of every projection where that applies (CPU, bf16 or float32);
@@ -263,6 +311,8 @@ class LlamaForCausalLM(nn.Module):
             self.rope_sin.index_select(0, positions).unsqueeze(1),
         )
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        if self.config.spec.embed_scale:  # Gemma: by sqrt(hidden), rounded to the model dtype
+            x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             # The last layer runs its output projection and MLP on the sampled rows alone: the
@@ -270,4 +320,8 @@ class LlamaForCausalLM(nn.Module):
             # but its last, ~3% of a prefill step's products).
             x = layer(x, rope, backend, kv_cache, logits_indices if i == last else None)
         x = self.norm(x)  # [num_logits, hidden]
-        return project(x, self.output_weight, self.output_packed).float()  # [num_logits, vocab]
+        logits = project(x, self.output_weight, self.output_packed).float()  # [num_logits, vocab]
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -65,9 +65,16 @@ def rope_cos_sin(
     scaling: Mapping[str, Any] | None,
     max_positions: int,
     device: torch.device | str = "cpu",
+    freq_factors: Sequence[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables, each ``[max_positions, head_dim]`` float32 (halves repeated)."""
+    """cos and sin tables, each ``[max_positions, head_dim]`` float32 (halves repeated).
+
+    ``freq_factors`` (a GGUF's ``rope_freqs``: llama.cpp's form of Llama 3's scaling) divide
+    the inverse frequencies.
+    """
     inv_freq = _default_inv_freq(theta, head_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float32)
     attention_factor = 1.0
     kind = None if scaling is None else scaling["rope_type"]
     if kind == "linear":
