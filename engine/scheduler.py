@@ -122,9 +122,12 @@ class Scheduler:
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
         num_decodes = out.num_decodes = len(out.seqs)
-        # Within a step-time target, prefill gets what the decodes leave of the step's time.
+        # Within a step-time target, prefill gets what the decodes leave of the step's time. With
+        # no decode running, one tenant alone takes the whole budget (nobody waits on its step),
+        # but several tenants' prompts go in short steps, least served first, so that a flood's
+        # prompts do not lengthen the step that gives the others their first tokens.
         held_back = 0
-        if self.target is not None and num_decodes:
+        if self.target is not None and (num_decodes or self._num_active_tenants() > 1):
             held_back = max(0, budget - self.target.prefill_budget(num_decodes))
             budget -= held_back
         # Tenants served ahead of others take at most their share of the prefill budget (that
@@ -148,6 +151,10 @@ class Scheduler:
             budget = self._add_drafts(out, num_decodes, budget)
         out.num_batched_tokens = self.max_num_batched_tokens - budget - held_back
         return out
+
+    def _num_active_tenants(self) -> int:
+        """Tenants with requests running or waiting; O(tenants)."""
+        return len(self.slots.keys() | self.policy.num_waiting_by_tenant().keys())
 
     def _add_drafts(self, out: SchedulerOutput, num_decodes: int, budget: int) -> int:
         """Give the step's decodes (the first ``num_decodes`` sequences) drafts from what is

@@ -78,3 +78,15 @@ def test_within_the_slots_a_step_time_target_forms_the_queue_where_weights_act(
     loop.run(2000)
     assert loop.max_running <= target.max_decodes == 15
     assert_shares(loop.shares(loop.tokens))
+
+
+def test_within_a_target_several_tenants_prompts_go_in_short_steps_one_alone_in_one() -> None:
+    target = StepTarget(0.050, COSTS)  # 80 prefill tokens fit beside no decode
+    alone = ClosedLoop(WEIGHTS, {"w1": Shape(0, 300, 4)}, max_num_seqs=8, target=target)
+    alone.start("w1", 1)
+    assert alone.scheduler.schedule().num_batched_tokens == 300  # nobody waits on its step
+    shared = ClosedLoop(WEIGHTS, {t: Shape(0, 300, 4) for t in WEIGHTS}, max_num_seqs=8)
+    shared.scheduler.target = target
+    for tenant in WEIGHTS:
+        shared.start(tenant, 1)
+    assert shared.scheduler.schedule().num_batched_tokens == target.prefill_budget(0) == 80
