@@ -239,7 +239,8 @@ class ModelConfig:
             "rope_scaling": None if self.rope_scaling is None else dict(rope),
             "attn_logit_softcapping": self.attn_logit_softcap,
             "final_logit_softcapping": self.final_logit_softcap,
-            "query_pre_attn_scalar": self.query_pre_attn_scalar or self.head_dim,
+            "query_pre_attn_scalar": _int_if_whole(self.query_pre_attn_scalar or self.head_dim),
+            "pad_token_id": None,  # a class default (Phi-3's 32000) may lie past the vocabulary
             "sliding_window": max(self.layer_windows, default=0) or None,
         }
         if self.layer_windows and self.spec.window_rule != "all":
@@ -252,6 +253,10 @@ class ModelConfig:
             out["attention_bias"] = False
             out["mlp_bias"] = False
         return out
+
+
+def _int_if_whole(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
 
 
 def _optional_float(value: Any) -> float | None:
