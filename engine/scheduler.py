@@ -4,7 +4,9 @@ Prefill chunks run in the policy's service order, and a waiting request that com
 chunk in that order (a less-served tenant's, under fair share) is admitted ahead of it. The policy
 may cap what a tenant's prefill takes of a step (``prefill_caps``): under fair share, tenants
 served ahead of the least-served one get their weighted share of the budget, so a step stays
-short and the next prompt of a tenant behind them waits for one short step.
+short and the next prompt of a tenant behind them waits for one short step. With a step-time
+target (``engine/step_target.py``) the target bounds instead how many requests run and how much
+prefill goes beside their decodes.
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
