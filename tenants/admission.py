@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -24,10 +24,13 @@ from tenants.errors import (
 )
 from tenants.models import KeyRateBucket, RateBucket, Reservation, TokenBudget
 from tenants.rate_limit import Draw, drain, try_draw
+from tenants.records import UsageEvent
 from tenants.schemas import Admission, AuthContext, Quotas, Usage
+from tenants.settlement import release, take_reservation
 from tenants.tenant_service import load_tenant, quotas_of
 from tenants.timeutil import Clock, month_period, next_month_start, utc_now
 from tenants.upsert import insert_ignore
+from tenants.usage_store import insert_events
 
 CONCURRENCY_RETRY_S = 1.0
 
@@ -65,10 +68,19 @@ class AdmissionService:
         self._clock = clock
 
     async def admit(
-        self, ctx: AuthContext, request_id: str, prompt_tokens: int, max_tokens: int
+        self,
+        ctx: AuthContext,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        model: str | None = None,
+        lease_id: str | None = None,
     ) -> Admission:
         """Grant the request or raise (TenantSuspendedError, PromptTooLargeError,
-        QuotaExceededError, DuplicateRequestError). Quotas are read fresh, not from ``ctx``."""
+        QuotaExceededError, DuplicateRequestError). Quotas are read fresh, not from ``ctx``.
+        The reservation is the request's started record, owned by the gateway lease
+        ``lease_id`` (see ``tenants.leases``)."""
         if prompt_tokens < 0 or max_tokens < 0 or not request_id:
             raise InvalidInputError("request_id, prompt_tokens and max_tokens are required")
         now = self._clock()
@@ -111,6 +123,10 @@ class AdmissionService:
                         period=period,
                         tokens=need,
                         created_at=now,
+                        lease_id=lease_id,
+                        key_id=ctx.key_id,
+                        model=model,
+                        prompt_tokens=prompt_tokens,
                     )
                 )
                 await session.flush()
@@ -118,41 +134,19 @@ class AdmissionService:
             raise DuplicateRequestError(f"request {request_id!r} was already admitted") from exc
         return admission
 
-    async def settle(self, admission: Admission, usage: Usage) -> bool:
+    async def settle(
+        self, admission: Admission, usage: Usage, event: UsageEvent | None = None
+    ) -> bool:
         """Release the slot and the reservation, charging ``usage`` to the month it was
-        admitted in. Idempotent: only the first call for a request id does anything."""
+        admitted in, and store ``event`` in the same transaction. Idempotent: only the first
+        settlement of a request id (this, or a reclaimer's) does anything."""
         async with self._db.transaction() as session:
-            held = (
-                await session.execute(
-                    delete(Reservation)
-                    .where(Reservation.request_id == admission.request_id)
-                    .returning(Reservation.tenant_id, Reservation.period, Reservation.tokens)
-                )
-            ).one_or_none()
+            held = await take_reservation(session, admission.request_id)
             if held is None:
                 return False
-            tenant_id, period, reserved = held
-            # Rows are locked in admit's order (bucket, then budget): the reverse deadlocks.
-            refund = max(0, reserved - usage.total_tokens)  # unused max_tokens flow back
-            await session.execute(
-                update(RateBucket)
-                .where(RateBucket.tenant_id == tenant_id)
-                .values(
-                    in_flight=case((RateBucket.in_flight > 0, RateBucket.in_flight - 1), else_=0),
-                    tokens_drawn=case(
-                        (RateBucket.tokens_drawn > refund, RateBucket.tokens_drawn - refund),
-                        else_=0.0,
-                    ),
-                )
-            )
-            await session.execute(
-                update(TokenBudget)
-                .where(TokenBudget.tenant_id == tenant_id, TokenBudget.period == period)
-                .values(
-                    reserved=TokenBudget.reserved - reserved,
-                    used=TokenBudget.used + usage.total_tokens,
-                )
-            )
+            if event is not None:
+                await insert_events(self._db, session, [event])
+            await release(session, held, usage.total_tokens)
         return True
 
     async def _lock_bucket(self, session: AsyncSession, tenant_id: str, now_s: float) -> RateBucket:

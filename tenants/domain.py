@@ -11,6 +11,7 @@ from tenants.auth_cache import AuthCache
 from tenants.billing import BillingService
 from tenants.database import Database
 from tenants.key_service import KeyService
+from tenants.leases import LeaseService
 from tenants.meter import UsageMeter
 from tenants.price_service import PriceService
 from tenants.server_secrets import load_key_secret
@@ -31,6 +32,7 @@ class TenantDomain:
     billing: BillingService
     audit: AuditService
     meter: UsageMeter
+    leases: LeaseService
 
     @classmethod
     async def open(
@@ -57,6 +59,7 @@ class TenantDomain:
             billing=BillingService(db, prices),
             audit=AuditService(db),
             meter=UsageMeter(UsageStore(db), spool_path),
+            leases=LeaseService(db, clock),
         )
 
     async def close(self) -> None:

@@ -159,7 +159,11 @@ class TokenBudget(Base):
 
 
 class Reservation(Base):
-    """An admitted, not yet settled request; deleting it is what makes settle idempotent."""
+    """An admitted, not yet settled request; deleting it is what makes settle idempotent.
+
+    It is also the request's started record (migration 0005): the lease of the gateway serving
+    it, and what a reclaimer needs to write its usage event should that gateway die.
+    """
 
     __tablename__ = "reservations"
 
@@ -168,6 +172,21 @@ class Reservation(Base):
     period: Mapped[str] = mapped_column(String(7))
     tokens: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    lease_id: Mapped[str | None] = mapped_column(String(32), index=True)  # None: no owner known
+    key_id: Mapped[str | None] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(100))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class GatewayLease(Base):
+    """A running gateway: it renews ``expires_at`` while alive; once that passes, any gateway
+    settles the reservations it held (``Reservation.lease_id``)."""
+
+    __tablename__ = "gateway_leases"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
 
 
 class RateBucket(Base):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.database import Database
 from tenants.models import TokenBudget, UsageEventRow, UsageRollup
@@ -66,28 +67,36 @@ def rollup_rows(events: Sequence[UsageEvent]) -> list[dict[str, Any]]:
     ]
 
 
+async def insert_events(
+    db: Database, session: AsyncSession, events: Sequence[UsageEvent]
+) -> list[UsageEvent]:
+    """Insert, inside the caller's transaction, the events not yet stored, with their rollups
+    (and budget charges); returns the events that were new."""
+    unique = list({e.request_id: e for e in reversed(events)}.values())  # first one wins
+    if not unique:
+        return []
+    inserted: set[str] = set()
+    for start in range(0, len(unique), CHUNK):
+        rows = [event_row(e) for e in unique[start : start + CHUNK]]
+        stmt = insert_ignore(db, UsageEventRow, rows).returning(UsageEventRow.request_id)
+        inserted.update((await session.execute(stmt)).scalars())
+    fresh = [e for e in unique if e.request_id in inserted]
+    rollups = rollup_rows(fresh)
+    if rollups:
+        await session.execute(insert_or_add(db, UsageRollup, rollups, ROLLUP_KEYS))
+    charges = budget_charges(fresh)
+    if charges:
+        await session.execute(insert_or_add(db, TokenBudget, charges, BUDGET_KEYS))
+    return fresh
+
+
 class UsageStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
     async def write(self, events: Sequence[UsageEvent]) -> int:
         """Insert the events not yet stored; returns how many were new."""
-        unique = list({e.request_id: e for e in reversed(events)}.values())  # first one wins
-        if not unique:
+        if not events:
             return 0
-        inserted: set[str] = set()
         async with self._db.transaction() as session:
-            for start in range(0, len(unique), CHUNK):
-                rows = [event_row(e) for e in unique[start : start + CHUNK]]
-                stmt = insert_ignore(self._db, UsageEventRow, rows).returning(
-                    UsageEventRow.request_id
-                )
-                inserted.update((await session.execute(stmt)).scalars())
-            fresh = [e for e in unique if e.request_id in inserted]
-            rollups = rollup_rows(fresh)
-            if rollups:
-                await session.execute(insert_or_add(self._db, UsageRollup, rollups, ROLLUP_KEYS))
-            charges = budget_charges(fresh)
-            if charges:
-                await session.execute(insert_or_add(self._db, TokenBudget, charges, BUDGET_KEYS))
-        return len(fresh)
+            return len(await insert_events(self._db, session, events))

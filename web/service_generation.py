@@ -190,7 +190,11 @@ class GenerationService:
         params.validate()
         async with self.admission_gate.hold(principal.tenant_id, principal.weight):
             ticket = await self.tenancy.admit(
-                principal, request_id, len(prompt_token_ids), params.max_tokens
+                principal,
+                request_id,
+                len(prompt_token_ids),
+                params.max_tokens,
+                model=self.runtime.name,
             )
         spans = RequestSpans(
             self.tracer,

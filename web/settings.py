@@ -48,6 +48,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20
     drain_grace_s: float = 30.0
+    # A gateway renews its lease in the database every third of this; once a lease is this
+    # old, another gateway frees the dead one's concurrency slots and budget reservations.
+    gateway_lease_s: float = 15.0
     retry_after_s: int = 1
     otlp_endpoint: str | None = None
     # When set, /metrics answers only `Authorization: Bearer <metrics_token>`.
@@ -91,6 +94,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         self.engine_target_tpot_ms  # noqa: B018 (validates)
         if self.auth_failures_per_minute < 0:
             raise SettingsError("auth_failures_per_minute must not be negative")
+        if not 0 < self.gateway_lease_s < math.inf:
+            raise SettingsError("gateway_lease_s must be positive")
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
 

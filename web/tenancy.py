@@ -74,7 +74,13 @@ class Tenancy(Protocol):
         ...
 
     async def admit(
-        self, principal: Principal, request_id: str, prompt_tokens: int, max_tokens: int
+        self,
+        principal: Principal,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        model: str | None = None,
     ) -> Ticket:
         """Reserve capacity; raises PromptTooLargeError or QuotaExceededError."""
         ...
@@ -129,7 +135,13 @@ class InMemoryTenancy:
         return Principal(tenant.tenant_id, tenant.weight, key_id=f"key-{tenant.tenant_id}")
 
     async def admit(
-        self, principal: Principal, request_id: str, prompt_tokens: int, max_tokens: int
+        self,
+        principal: Principal,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        model: str | None = None,
     ) -> Ticket:
         tenant = next(t for t in self.keys.values() if t.tenant_id == principal.tenant_id)
         limit = tenant.max_prompt_tokens

@@ -21,6 +21,7 @@ from tenants.database import Database, is_unavailable
 from tenants.domain import TenantDomain
 from tenants.errors import InvalidKeyError, TenantSuspendedError
 from tenants.key_service import KeyService
+from tenants.lease_keeper import LeaseKeeper
 from tenants.meter import UsageMeter
 from tenants.records import UsageEvent
 from tenants.schemas import Admission, AuthContext, Usage
@@ -51,6 +52,7 @@ class SqlTenancy:
         per_tenant_metrics: bool = False,
         known_keys: KnownKeys | None = None,
         sweep_interval_s: float = 2.0,
+        lease: LeaseKeeper | None = None,
     ) -> None:
         self._keys = keys
         self._admission = admission
@@ -65,6 +67,7 @@ class SqlTenancy:
         self.monitor.sweep = self._sweep_refusals
         self.monitor.recovery_hooks += [self._retry_settles, self._meter.flush]
         self._pending: dict[str, tuple[Admission, Usage]] = {}
+        self.lease = lease  # owns this gateway's reservations (None: they have no owner)
 
     def start(self) -> None:
         self.monitor.start()
@@ -95,7 +98,13 @@ class SqlTenancy:
         return self._principal(known)
 
     async def admit(
-        self, principal: Principal, request_id: str, prompt_tokens: int, max_tokens: int
+        self,
+        principal: Principal,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        model: str | None = None,
     ) -> Ticket:
         if not self._meter.healthy:
             # Work served now could not be billed: refuse it until usage is durable again.
@@ -108,7 +117,14 @@ class SqlTenancy:
         ambiguous = False
         if not self.monitor.down:
             try:
-                admission = await self._admission.admit(ctx, request_id, prompt_tokens, max_tokens)
+                admission = await self._admission.admit(
+                    ctx,
+                    request_id,
+                    prompt_tokens,
+                    max_tokens,
+                    model=model,
+                    lease_id=None if self.lease is None else self.lease.lease_id,
+                )
             except Exception as error:
                 self._degrade_or_raise(error)
                 ambiguous = True
@@ -146,6 +162,17 @@ class SqlTenancy:
             completion_tokens=event.completion_tokens,
             cached_tokens=event.cached_tokens,
         )
+        if isinstance(handle, Admission):
+            # The event is stored with the settlement, in one transaction; when that cannot
+            # happen now (database away, or the reservation was already reclaimed), the meter
+            # takes it (insert-or-ignore by request id keeps it one event).
+            stored = False
+            try:
+                stored = await self._settle(handle, actual, event)
+            finally:
+                if not stored:
+                    self._meter.record(event)
+            return
         try:
             self._meter.record(event)
         finally:
@@ -158,8 +185,6 @@ class SqlTenancy:
                         _stray(handle, usage.started_at),
                         Usage(prompt_tokens=0, completion_tokens=0),
                     )
-            elif isinstance(handle, Admission):
-                await self._settle(handle, actual)
 
     async def ready(self) -> bool:
         return await self.monitor.check()
@@ -178,6 +203,8 @@ class SqlTenancy:
         if self._pending:
             log.warning("settles_abandoned", count=len(self._pending))
         await self._meter.flush()
+        if self.lease is not None:
+            await self.lease.stop()
 
     def _degrade_or_raise(self, error: Exception) -> None:
         """Return when ``error`` means the database is unreachable (serve degraded), else raise:
@@ -201,16 +228,25 @@ class SqlTenancy:
             models=ctx.models,
         )
 
-    async def _settle(self, admission: Admission, usage: Usage) -> None:
+    async def _settle(
+        self, admission: Admission, usage: Usage, event: UsageEvent | None = None
+    ) -> bool:
+        """Settle now (True when ``event`` was stored with it) or queue it for the database's
+        return (False)."""
         if not self.monitor.down:
             try:
-                await self._admission.settle(admission, usage)
-                return
+                return await self._admission.settle(admission, usage, event)
             except Exception as error:
                 if not self.monitor.report(error):
-                    raise
+                    if event is None:
+                        raise
+                    # The usage row was refused: free the slot anyway; the meter keeps the event.
+                    log.warning("settle_with_usage_failed", error=repr(error))
+                    await self._settle(admission, usage)
+                    return False
         self._pending[admission.request_id] = (admission, usage)
         self.metrics.pending_settles.set(len(self._pending))
+        return False
 
     async def _retry_settles(self) -> None:
         """Settle what waited for the database (settle is idempotent per request id)."""
@@ -267,6 +303,8 @@ async def connect_sql_tenancy(
     state.audit_service = domain.audit
     metrics = state.get("metrics")
     registry = getattr(metrics, "registry", None)
+    lease = LeaseKeeper(domain.leases, settings.gateway_lease_s)
+    await lease.start()
     tenancy = SqlTenancy(
         domain.keys,
         domain.admission,
@@ -274,11 +312,13 @@ async def connect_sql_tenancy(
         db,
         registry=registry if isinstance(registry, CollectorRegistry) else None,
         per_tenant_metrics=settings.metrics_tenant_labels,
+        lease=lease,
     )
     tenancy.start()
 
     async def close() -> None:
         await tenancy.monitor.stop()
+        await lease.stop()
         await domain.close()
 
     return tenancy, close

@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 from tenants.records import UsageEvent
 from tenants.schemas import Quotas
 from tenants.spool import Spool
-from tenants.usage_store import UsageStore
+from tenants.usage_store import UsageStore, insert_events
 from tests.integration.gateway_fakes import MODEL, make_runtime, settings
 from tests.integration.pg_gateway import create_tenant, read_books
 from tests.support.postgres import migrate
@@ -43,7 +43,13 @@ class Faults:
                 raise OSError(errno.ENOSPC, "No space left on device")
             append(spool, events)
 
+        async def failing_insert(db: Any, session: Any, events: Sequence[UsageEvent]) -> Any:
+            if self.database_down:
+                raise RuntimeError("usage rows refused")
+            return await insert_events(db, session, events)
+
         monkeypatch.setattr(UsageStore, "write", failing_write)
+        monkeypatch.setattr("tenants.admission.insert_events", failing_insert)  # with a settle
         monkeypatch.setattr(Spool, "append", failing_append)
 
 

@@ -25,6 +25,7 @@ TABLES = {
     "settings",
     "console_sessions",
     "key_rate_buckets",
+    "gateway_leases",
 }
 
 

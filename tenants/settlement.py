@@ -1,0 +1,98 @@
+"""Settling a reservation: take its row, free the slot and the unused tokens, charge the usage.
+
+Shared by a gateway settling its own request and by the reclaimer settling a dead gateway's.
+Rows are locked in one order everywhere: reservation, usage rows, rate bucket, then budget
+(admission locks bucket then budget; the meter locks usage rows then budget).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import ColumnElement, case, delete, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from tenants.models import RateBucket, Reservation, TokenBudget
+from tenants.records import UsageEvent
+
+UNKNOWN_MODEL = "unknown"  # reservations made before migration 0005 name no model
+
+
+class Held(NamedTuple):
+    """A reservation just taken (deleted): what was reserved, and the request's started record."""
+
+    request_id: str
+    tenant_id: str
+    period: str
+    tokens: int
+    created_at: datetime
+    key_id: str | None
+    model: str | None
+    prompt_tokens: int
+
+
+async def take_reservation(
+    session: AsyncSession, request_id: str, *conditions: ColumnElement[bool]
+) -> Held | None:
+    """Delete the request's reservation (when ``conditions`` hold) and return it; None when
+    there is none: somebody settled it first, which makes every settlement idempotent."""
+    row: Any = (
+        await session.execute(
+            delete(Reservation)
+            .where(Reservation.request_id == request_id, *conditions)
+            .returning(
+                Reservation.request_id,
+                Reservation.tenant_id,
+                Reservation.period,
+                Reservation.tokens,
+                Reservation.created_at,
+                Reservation.key_id,
+                Reservation.model,
+                Reservation.prompt_tokens,
+            )
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    return Held(*row)
+
+
+async def release(session: AsyncSession, held: Held, charged: int) -> None:
+    """Free the slot, give the unused reserved tokens back to the minute bucket, and move the
+    reservation to ``charged`` tokens used in the month it was admitted in."""
+    refund = max(0, held.tokens - charged)  # unused max_tokens flow back
+    await session.execute(
+        update(RateBucket)
+        .where(RateBucket.tenant_id == held.tenant_id)
+        .values(
+            in_flight=case((RateBucket.in_flight > 0, RateBucket.in_flight - 1), else_=0),
+            tokens_drawn=case(
+                (RateBucket.tokens_drawn > refund, RateBucket.tokens_drawn - refund),
+                else_=0.0,
+            ),
+        )
+    )
+    await session.execute(
+        update(TokenBudget)
+        .where(TokenBudget.tenant_id == held.tenant_id, TokenBudget.period == held.period)
+        .values(reserved=TokenBudget.reserved - held.tokens, used=TokenBudget.used + charged)
+    )
+
+
+def lost_event(held: Held, now: datetime) -> UsageEvent:
+    """The usage event of a request whose gateway died: what the started record knows (the
+    prompt), marked ``gateway_lost``."""
+    return UsageEvent(
+        request_id=held.request_id,
+        tenant_id=held.tenant_id,
+        key_id=held.key_id,
+        model=held.model or UNKNOWN_MODEL,
+        prompt_tokens=held.prompt_tokens,
+        cached_tokens=0,
+        completion_tokens=0,
+        status="gateway_lost",
+        started_at=held.created_at,
+        finished_at=max(now, held.created_at),
+        duration_ms=max(0.0, (now - held.created_at).total_seconds() * 1000.0),
+    )
