@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup", type=float, default=12.0, help="seconds after the last tenant starts")
     add("--stagger", type=float, default=4.0, help="seconds between the tenants' starts")
     add("--slots", type=int, default=24, help="running batch of the slots regime")
-    add("--slots-in-flight", type=int, default=16, help="per tenant, slots regime")
+    add("--slots-in-flight", type=int, default=24, help="per tenant, slots regime")
     add("--latency-in-flight", type=int, default=16, help="per tenant, latency regime")
     add("--prompt-len", type=int, default=96)
     add("--output-len", type=int, default=48)
