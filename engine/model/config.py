@@ -175,6 +175,12 @@ class ModelConfig:
             orig = key("rope.scaling.original_context_length")
             if orig is not None:
                 scaling["original_max_position_embeddings"] = int(orig)
+        head_dim = int(key("attention.key_length", hidden // num_heads))
+        rope_dims = key("rope.dimension_count")
+        if rope_dims is not None and int(rope_dims) != head_dim:
+            raise ValueError(
+                f"{arch}: RoPE over {rope_dims} of {head_dim} dimensions is not supported"
+            )
         window = key("attention.sliding_window")
         windows = layer_windows({"sliding_window": window}, spec, num_layers)
         # llama.cpp scales Gemma 2's queries by head_dim, except the 27B's (hidden / heads).
@@ -188,7 +194,7 @@ class ModelConfig:
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(key("attention.head_count_kv", num_heads)),
-            head_dim=int(key("attention.key_length", hidden // num_heads)),
+            head_dim=head_dim,
             rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=_f32(key("rope.freq_base", 10000.0)),
             rope_scaling=_normalize_rope_scaling(scaling),

@@ -147,3 +147,20 @@ def test_export_reloads_in_transformers(tmp_path: Path, arch: str) -> None:
         want = load_reference(tmp_path / "src")(tokens).logits
         got = load_reference(tmp_path / "out")(tokens).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_gguf_partial_rope_and_unknown_architectures_are_refused() -> None:
+    meta: dict[str, Any] = {
+        "general.architecture": "llama",
+        "llama.embedding_length": 64,
+        "llama.attention.head_count": 4,
+        "llama.block_count": 2,
+        "llama.feed_forward_length": 128,
+        "llama.vocab_size": 260,
+        "llama.rope.dimension_count": 8,
+    }
+    with pytest.raises(ValueError, match="RoPE over 8 of 16 dimensions"):
+        ModelConfig.from_gguf_metadata(meta, tied=True, rope_freq_factors=None)
+    falcon = {**meta, "general.architecture": "falcon"}
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'falcon'"):
+        ModelConfig.from_gguf_metadata(falcon, tied=True, rope_freq_factors=None)
