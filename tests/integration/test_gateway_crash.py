@@ -1,0 +1,146 @@
+"""`kill -9` of a gateway mid-stream locks nobody out and loses no usage: its lease expires, the
+next gateway frees the slot and the reservation and writes the request's one usage event."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from tenants import Database
+from tenants.models import UsageEventRow
+from tenants.schemas import Quotas
+from tests.integration.gateway_fakes import MODEL
+from tests.integration.pg_gateway import ADMIN_TOKEN, create_tenant, migrated_database, read_books
+from tests.support.postgres import migrate, pg_url
+from tests.support.serve import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("crash_gateway_worker.py")
+LEASE_S = 1.5
+STREAM = {"model": MODEL, "prompt": "a long story", "max_tokens": 200, "stream": True}
+SHORT = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'atrium.db'}"
+        asyncio.run(migrate(url))
+        yield url
+        return
+    with migrated_database() as name:
+        yield pg_url(name)
+
+
+@contextmanager
+def _gateway(
+    model: Path, url: str, tmp: Path, name: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A gateway process, once ready; stopped (SIGINT, then SIGKILL) on the way out."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "ATRIUM_DATABASE_URL": url,
+        "ATRIUM_ADMIN_TOKEN": ADMIN_TOKEN,
+        "ATRIUM_USAGE_SPOOL_PATH": str(tmp / f"{name}.spool"),
+        "ATRIUM_GATEWAY_LEASE_S": str(LEASE_S),
+        "ATRIUM_DRAIN_GRACE_S": "1",
+    }
+    log_path = tmp / f"{name}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), str(model), str(port)], env=env, stdout=log, stderr=log
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "gateway not ready:\n" + log_path.read_text()
+            try:
+                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _events_of(url: str, request_id: str) -> list[tuple[str, int, int]]:
+    db = await Database.connect(url)
+    try:
+        async with db.sessions() as session:
+            rows = await session.execute(
+                select(
+                    UsageEventRow.status,
+                    UsageEventRow.prompt_tokens,
+                    UsageEventRow.completion_tokens,
+                ).where(UsageEventRow.request_id == request_id)
+            )
+            return [(r[0], int(r[1]), int(r[2])) for r in rows]
+    finally:
+        await db.close()
+
+
+def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
+    database_url: str, tmp_path: Path, tiny_llama_dir: Path
+) -> None:
+    quotas = Quotas(max_concurrent_requests=1, monthly_token_budget=100_000)
+    (key,) = asyncio.run(create_tenant(database_url, tmp_path / "seed.spool", "crash", quotas, 1))
+    auth = {"Authorization": f"Bearer {key}"}
+
+    with (
+        _gateway(tiny_llama_dir, database_url, tmp_path, "first") as (base, proc),
+        httpx.stream("POST", base + "/v1/completions", json=STREAM, headers=auth) as stream,
+    ):
+        assert stream.status_code == 200
+        killed = stream.headers["x-request-id"]
+        chunks = stream.iter_lines()
+        assert sum(1 for line, _ in zip(chunks, range(6), strict=False) if line) >= 3
+        proc.send_signal(signal.SIGKILL)  # mid-stream: no drain, no settle
+        proc.wait()
+        killed_at = time.monotonic()
+
+    with _gateway(tiny_llama_dir, database_url, tmp_path, "second") as (base, _):
+        while True:
+            served = httpx.post(base + "/v1/completions", json=SHORT, headers=auth, timeout=10)
+            if served.status_code == 200:
+                break
+            assert served.status_code == 429, served.text  # the dead gateway's slot, for now
+            assert time.monotonic() - killed_at < 20, "the tenant is still locked out"
+            time.sleep(0.1)
+        waited = time.monotonic() - killed_at
+        books = asyncio.run(read_books(database_url))
+        assert books.reservations == 0 and books.in_flight == 0  # the served one settled too
+
+    # Within the lease (and one renewal interval of the reclaimer), plus the restart itself.
+    assert waited < 15, waited
+    (status, prompt_tokens, completion_tokens), *more = asyncio.run(
+        _events_of(database_url, killed)
+    )
+    assert more == []
+    assert status == "gateway_lost" and prompt_tokens > 0 and completion_tokens == 0
+    books = asyncio.run(read_books(database_url))
+    assert books.budget_reserved == 0 and books.in_flight == 0 and books.reservations == 0
+    assert len(books.request_ids) == 2  # the killed request and the one served after
