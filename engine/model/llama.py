@@ -14,11 +14,12 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from torch.nn.functional import gelu, rms_norm, silu
+from torch.nn.functional import rms_norm
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.model.config import ModelConfig
+from engine.model.mlp import MLP, Scratch
 from engine.model.native_ops import DTYPES as NATIVE_DTYPES
 from engine.model.native_ops import NativeOps, load_native_ops
 from engine.model.packed_linear import (
@@ -114,60 +115,6 @@ class Attention(nn.Module):
         if rows is not None:
             residual = residual.index_select(0, rows)
         return project_add(out, self.o_proj.weight, self.o_packed, residual)
-
-
-class Scratch:
-    """One buffer the layers take turns with (each layer's SwiGLU output lives until its down
-    projection has read it); grown to the largest step, so steps reuse memory already mapped."""
-
-    __slots__ = ("_buffer",)
-
-    def __init__(self) -> None:
-        self._buffer: torch.Tensor | None = None
-
-    def rows(self, rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:  # [rows, cols]
-        buffer = self._buffer
-        if (
-            buffer is None
-            or buffer.shape[0] < rows
-            or buffer.shape[1] != cols
-            or buffer.dtype != like.dtype
-            or buffer.device != like.device
-        ):
-            buffer = self._buffer = like.new_empty((rows, cols))
-        return buffer[:rows]
-
-
-class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, scratch: Scratch | None = None) -> None:
-        super().__init__()
-        self.scratch = scratch
-        self.gelu = config.hidden_act == "gelu_pytorch_tanh"
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.gate_up_packed: Packed | None = None
-        self.down_packed: Packed | None = None
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [num_tokens, hidden], normalised
-        residual: torch.Tensor | None,  # [num_tokens, hidden], or None: the output alone
-    ) -> torch.Tensor:  # [num_tokens, hidden]: residual + MLP output
-        gate_up = project(x, self.gate_up_proj.weight, self.gate_up_packed)  # [n, 2 * inter]
-        inter = self.intermediate_size
-        # SwiGLU: SiLU in place over the gate half, then the product into contiguous rows of the
-        # shared scratch (oneDNN would copy strided rows first; a new tensor would be mapped and
-        # faulted in every layer). The same element-wise bits either way.
-        if self.gelu:  # Gemma's GeGLU
-            gate = gelu(gate_up[:, :inter], approximate="tanh")
-        else:
-            gate = silu(gate_up[:, :inter], inplace=True)
-        out = None if self.scratch is None else self.scratch.rows(x.shape[0], inter, gate)
-        hidden = torch.mul(gate, gate_up[:, inter:], out=out)
-        if residual is None:
-            return project(hidden, self.down_proj.weight, self.down_packed)
-        return project_add(hidden, self.down_proj.weight, self.down_packed, residual)
 
 
 class DecoderLayer(nn.Module):
