@@ -49,7 +49,7 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
         {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
     ),
     "qwen3": (Qwen3Config, {"head_dim": 16}),
-    "phi3": (Phi3Config, {"pad_token_id": 0}),
+    "phi3": (Phi3Config, {"pad_token_id": 0, "sliding_window": WINDOW}),  # as Phi-3-mini-4k
     "gemma2": (Gemma2Config, GEMMA2),
     # A query scale apart from head_dim (as Gemma 2 27B's), which GGUF files do not carry.
     "gemma2_scaled": (Gemma2Config, {**GEMMA2, "query_pre_attn_scalar": 24}),
