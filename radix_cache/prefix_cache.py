@@ -134,6 +134,11 @@ class PrefixCache(ABC):
         self.unlock(locked_node)
         return 0
 
+    def unpublish(self, tokens: Sequence[int]) -> int:
+        """Stop sharing the public prefix made of ``tokens``' full pages; returns the tokens whose
+        pin was released (0: no prefix was published there). Without a tree nothing is held."""
+        return 0
+
     def stats(self) -> dict[str, NamespaceSnapshot]:
         """Per-namespace residency and hit counters (empty without a tree)."""
         return {}

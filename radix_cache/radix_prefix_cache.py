@@ -38,7 +38,8 @@ class RadixPrefixCache(PrefixCache):
     Mutation rules: ``match`` splits nodes and refreshes access times only; ``cache`` moves the
     request's new full pages to the tree (pool owner becomes the namespace) and frees its
     duplicates; ``allocate`` may evict unlocked cached pages; ``pin``/``unpin`` hold a lock on a
-    public node for the cache itself, so published prefixes are never evicted. Locks are counted
+    public node for the cache itself, so published prefixes are never evicted (``unpublish``
+    releases a prefix's pin and frees the public pages nobody holds). Locks are counted
     per handle; every ``lock`` needs one ``unlock``. Eviction order when pages are needed: the
     requester's own pages beyond its share, then the namespaces furthest over their shares
     (weighted), then plain LRU over pages not protected by a share, and only as a last resort
@@ -237,6 +238,30 @@ class RadixPrefixCache(PrefixCache):
             self.pin(node)
         self.tree.unlock(node)
         return len(result.page_ids) * self.page_size
+
+    def unpublish(self, tokens: Sequence[int]) -> int:
+        """Release the pin of the public prefix made of ``tokens``' full pages.
+
+        Returns the tokens released (0 when no prefix is pinned exactly there). Another published
+        prefix that extends or shares these pages keeps its own pin. Unlocked public pages are
+        freed at once, so tenants stop matching what is no longer published; pages a running
+        request still holds go when it releases them, with the next unpublish or by eviction.
+        """
+        num_tokens = len(tokens) // self.page_size * self.page_size
+        if not num_tokens:
+            return 0
+        found = self.tree.match_prefix(PUBLIC_NAMESPACE, tokens[:num_tokens])
+        node = found.node
+        if found.num_tokens != num_tokens or not isinstance(node, RadixNode):
+            return 0
+        count = self._pins.pop(node, 0)
+        if not count:
+            return 0
+        for _ in range(count):
+            self.tree.unlock(node)
+        resident = self.tree.stats(PUBLIC_NAMESPACE).resident_pages
+        self._release(self.tree.evict(resident, namespace=PUBLIC_NAMESPACE))
+        return num_tokens
 
     # ----- namespaces and reports -----
     def drop_namespace(self, namespace: str) -> int:

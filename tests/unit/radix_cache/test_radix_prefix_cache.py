@@ -173,3 +173,43 @@ def test_handles_must_come_from_the_cache() -> None:
         cache.lock(object())
     cache.lock(None)
     cache.unlock(None)
+
+
+def publish(cache: RadixPrefixCache, owner: str, tokens: list[int]) -> int:
+    """A publish request's life: match public, compute the rest, hand it to the cache pinned."""
+    hit = cache.match(PUBLIC_NAMESPACE, tokens)
+    cache.lock(hit.node)
+    pages = hit.page_ids + cache.allocate(len(tokens) // PS - len(hit.page_ids), owner, "public")
+    return cache.publish(tokens, pages, owner, hit.node)
+
+
+def test_unpublishing_releases_only_that_prefix_and_stops_sharing_it() -> None:
+    cache = make(6)
+    assert publish(cache, "publish:1", toks(1, 2)) == 4
+    assert publish(cache, "publish:2", toks(1, 2, 3)) == 6  # extends the first
+    assert cache.num_available_pages == 3
+    # Not published exactly there: nothing is released.
+    assert cache.unpublish(toks(1)) == 0 and cache.unpublish(toks(9, 9)) == 0
+    assert cache.unpublish([*toks(1, 2), 5]) == 4  # a partial last page is not part of it
+    assert cache.num_available_pages == 3  # the longer prefix still pins the shared pages
+    assert cache.match(A, toks(1, 2, 3)).num_tokens == 6
+    assert cache.unpublish(toks(1, 2)) == 0  # already released
+    assert cache.unpublish(toks(1, 2, 3)) == 6
+    assert cache.num_available_pages == 6 and cache.pool.num_free_pages == 6
+    assert cache.match(A, toks(1, 2, 3)).num_tokens == 0  # tenants no longer share it
+    cache.check_integrity()
+
+
+def test_unpublished_pages_in_use_are_freed_after_their_request() -> None:
+    cache = make(6)
+    publish(cache, "publish:1", toks(1, 2))
+    hit = cache.match(A, toks(1, 2, 3))
+    cache.lock(hit.node)  # a tenant request is running on the public pages
+    assert cache.unpublish(toks(1, 2)) == 4
+    assert cache.pool.num_free_pages == 4 and cache.num_available_pages == 4
+    cache.unlock(hit.node)
+    assert cache.num_available_pages == 6  # evictable now, no longer pinned
+    publish(cache, "publish:2", toks(7))
+    assert cache.unpublish(toks(7)) == 2
+    assert cache.pool.num_free_pages == 6  # the leftover went with the next unpublish
+    cache.check_integrity()
