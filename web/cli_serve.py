@@ -19,6 +19,7 @@ from litestar import Litestar
 
 from web.app import create_app
 from web.logging import configure_logging
+from web.server_protocol import guarded_protocol
 from web.settings import Settings, SettingsError
 
 log = structlog.get_logger("atrium.serve")
@@ -104,7 +105,16 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.log_level)
     app = create_app(settings)
-    config = uvicorn.Config(
+    config = server_config(app, settings)
+    server = DrainingServer(config, app, settings.drain_grace_s)
+    log.info("serve_starting", host=settings.host, port=settings.port, model=settings.model)
+    server.run()
+    return 0 if server.started else 1
+
+
+def server_config(app: Any, settings: Settings) -> uvicorn.Config:
+    """uvicorn's settings for ``app``: a header deadline, a keep-alive timeout, a connection cap."""
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -112,8 +122,8 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        http=guarded_protocol(
+            settings.header_timeout_s, settings.max_connections or None, settings.retry_after_s
+        ),
+        timeout_keep_alive=settings.keep_alive_timeout_s,
     )
-    server = DrainingServer(config, app, settings.drain_grace_s)
-    log.info("serve_starting", host=settings.host, port=settings.port, model=settings.model)
-    server.run()
-    return 0 if server.started else 1

@@ -52,6 +52,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # old, another gateway frees the dead one's concurrency slots and budget reservations.
     gateway_lease_s: float = 15.0
     retry_after_s: int = 1
+    # HTTP server limits: a request's headers must arrive within header_timeout_s (slow clients
+    # are cut off), an idle keep-alive connection closes after keep_alive_timeout_s, and past
+    # max_connections open connections a new one gets 503 (0: no limit).
+    header_timeout_s: float = 10.0
+    keep_alive_timeout_s: int = 5
+    max_connections: int = 1024
     otlp_endpoint: str | None = None
     # When set, /metrics answers only `Authorization: Bearer <metrics_token>`.
     metrics_token: str | None = None
@@ -96,6 +102,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError("auth_failures_per_minute must not be negative")
         if not 0 < self.gateway_lease_s < math.inf:
             raise SettingsError("gateway_lease_s must be positive")
+        if not 0 < self.header_timeout_s < math.inf:
+            raise SettingsError("header_timeout_s must be positive")
+        if self.keep_alive_timeout_s <= 0:
+            raise SettingsError("keep_alive_timeout_s must be positive")
+        if self.max_connections < 0:
+            raise SettingsError("max_connections must not be negative")
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
 
