@@ -165,10 +165,12 @@ class DatabaseMonitor:
         self._metrics.database_up.set(1)
         outage_s = 0.0 if started is None else self._monotonic() - started
         log.info("database_recovered", outage=self.outages, outage_s=round(outage_s, 3))
+        # Every hook runs even when one fails: a failed settle retry must not skip the meter's
+        # flush. A hook failing because the database went away again starts a new outage, and
+        # the next recovery runs them all again (each hook is idempotent).
         for hook in self.recovery_hooks:
             try:
                 await hook()
             except Exception as error:
                 if not self.report(error):
                     log.exception("database_recovery_hook_failed")
-                return

@@ -142,3 +142,39 @@ def test_sweeps_run_while_up_and_stop_during_an_outage() -> None:
             await monitor.stop()
 
     run(body)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [ValueError("a bug in the settle retry"), ConnectionRefusedError()],
+    ids=["bug", "unreachable-again"],
+)
+def test_every_recovery_hook_runs_even_when_one_before_it_fails(failure: Exception) -> None:
+    async def body() -> None:
+        probe = ScriptedProbe(then=False)
+        monitor, _ = monitor_with(probe, failures_to_degrade=1)
+        ran: list[str] = []
+
+        async def failing() -> None:
+            ran.append("settles")
+            raise failure
+
+        down_at_flush: list[bool] = []
+
+        async def flush() -> None:
+            ran.append("flush")
+            down_at_flush.append(monitor.down)
+
+        monitor.recovery_hooks += [failing, flush]
+        monitor.report(ConnectionRefusedError())
+        monitor.start()
+        try:
+            probe.answer = True
+            await until(lambda: "flush" in ran)
+            assert ran[:2] == ["settles", "flush"]
+            # A hook that found the database gone again starts the next outage.
+            assert down_at_flush[0] is isinstance(failure, ConnectionRefusedError)
+        finally:
+            await monitor.stop()
+
+    run(body)
