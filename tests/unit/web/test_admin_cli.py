@@ -38,6 +38,27 @@ def test_db_upgrade_then_current(url: str, capsys: pytest.CaptureFixture[str]) -
     assert current == upgraded
 
 
+def test_db_check_fails_until_the_schema_is_at_the_newest_revision(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run(["db", "check"], capsys)
+    assert status == 1 and "empty database" in err
+    _, upgraded, _ = run(["db", "upgrade"], capsys)
+    status, out, _ = run(["db", "check"], capsys)
+    assert status == 0 and out == upgraded
+
+    async def step_back() -> None:
+        db = await Database.connect(url)
+        try:
+            await db.downgrade("-1")
+        finally:
+            await db.close()
+
+    asyncio.run(step_back())
+    status, out, err = run(["db", "check"], capsys)
+    assert status == 1 and out == "" and f"expects {upgraded.strip()}" in err
+
+
 def test_tenants_create_prints_the_tenant(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(["tenants", "create", "acme", "--weight", "2.5"], capsys)
     tenant = json.loads(out)
