@@ -139,6 +139,21 @@ class EngineClient(ABC):
             published = output.num_published_tokens
         return PublishedPrefix(num_tokens=len(token_ids), num_cached_tokens=published)
 
+    async def unpublish_prefix(self, token_ids: list[int]) -> int:
+        """Release the public prefix of ``token_ids`` (the tokens a publish kept); returns the
+        tokens released, 0 when nothing was published exactly there."""
+        request = GenerateRequest(
+            request_id=f"unpublish-{uuid.uuid4().hex}",
+            prompt_token_ids=list(token_ids),
+            params=SamplingParams(max_tokens=1, temperature=0.0),
+            tenant_id=PUBLIC_NAMESPACE,
+            unpublish=True,
+        )
+        released = 0
+        async for output in self.generate(request):
+            released = output.num_published_tokens
+        return released
+
 
 class AsyncEngine(EngineClient):
     """Owns an ``LLMEngine`` and the one thread that drives it."""

@@ -150,8 +150,30 @@ class LLMEngine:
     def num_unfinished(self) -> int:
         return len(self._requests)
 
+    def _unpublish(self, request: GenerateRequest) -> None:
+        """Release a public prefix now; the request's one output comes with the next step."""
+        if request.request_id in self._requests:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already running")
+        released = self.cache.unpublish(request.prompt_token_ids)
+        log.info("public_prefix_released", num_tokens=released)
+        self._pending.append(
+            RequestOutput(
+                request.request_id,
+                finished=True,
+                finish_reason="stop",
+                num_prompt_tokens=len(request.prompt_token_ids),
+                num_published_tokens=released,
+            )
+        )
+
     def add_request(self, request: GenerateRequest) -> None:
-        """Validate and queue; raises InvalidRequestError (or PromptTooLongError) on bad input."""
+        """Validate and queue; raises InvalidRequestError (or PromptTooLongError) on bad input.
+
+        An ``unpublish`` request only releases its public prefix; it finishes with the next step.
+        """
+        if request.unpublish:
+            self._unpublish(request)
+            return
         self._validate(request)
         params = request.params
         generator: torch.Generator | None = None

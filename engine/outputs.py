@@ -19,6 +19,7 @@ class GenerateRequest:
     allow_public_prefix: bool = True
     kv_cache_share: float | None = None  # the tenant's cap on cached pages (fraction of the cache)
     publish: bool = False  # compute the prompt's KV and keep it as a public prefix
+    unpublish: bool = False  # release the public prefix of these tokens (nothing is computed)
     # Requests the caller has accepted after this one and will hand over shortly (a burst): an
     # idle engine waits briefly for them so that its first step takes them together.
     num_following: int = 0
@@ -47,4 +48,5 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     num_output_tokens: int = 0
     error: str | None = None
-    num_published_tokens: int = 0  # with ``publish``: prompt tokens kept as a public prefix
+    # With ``publish``: prompt tokens kept as a public prefix; with ``unpublish``: released.
+    num_published_tokens: int = 0

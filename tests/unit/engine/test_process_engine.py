@@ -138,10 +138,17 @@ def test_aborts_and_cancelled_consumers_free_their_pages(shared: ProcessEngine) 
     asyncio.run(main())
 
 
-def test_publish_prefix_runs_in_the_child(shared: ProcessEngine) -> None:
-    published = asyncio.run(shared.publish_prefix(list(range(40, 80))))
-    assert published.num_tokens == 40
-    assert published.num_cached_tokens == 32  # two full 16-token pages
+def test_publish_and_unpublish_run_in_the_child(shared: ProcessEngine) -> None:
+    async def main() -> None:
+        published = await shared.publish_prefix(list(range(40, 80)))
+        assert published.num_tokens == 40
+        assert published.num_cached_tokens == 32  # two full 16-token pages
+        await wait_for(lambda: shared.stats().num_pages_available == 30)  # pinned
+        assert await shared.unpublish_prefix(list(range(40, 72))) == 32
+        await wait_for(lambda: shared.stats().num_pages_available == 32)  # released
+        assert await shared.unpublish_prefix(list(range(40, 72))) == 0
+
+    asyncio.run(main())
 
 
 def test_a_killed_child_fails_its_requests_and_refuses_new_ones(tiny_llama_dir: Path) -> None:
