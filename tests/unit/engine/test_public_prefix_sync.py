@@ -16,6 +16,7 @@ from engine.outputs import GenerateRequest
 from engine.public_prefix_sync import PrefixEntry, PublicPrefixSync
 from engine.sampling_params import SamplingParams
 from radix_cache.radix_prefix_cache import RadixPrefixCache
+from tests.support.async_engine import wait_for
 
 NUM_PAGES = 48
 
@@ -45,7 +46,8 @@ def test_lists_publish_new_prefixes_and_release_removed_ones(tiny: LoadedModel) 
             assert held_a is not None and held_b is not None and sync.version == "v1"
             assert held_a.num_cached_tokens == held_a.num_tokens // 16 * 16 > 0
             pinned = (held_a.num_cached_tokens + held_b.num_cached_tokens) // 16
-            assert engine.stats().num_pages_available == NUM_PAGES - pinned
+            # The snapshot is taken once the engine is idle again.
+            await wait_for(lambda: engine.stats().num_pages_available == NUM_PAGES - pinned)
             ids = tiny.tokenizer.encode(rules)
             assert await cached_tokens(engine, [*ids, 5, 6], "acme") == held_a.num_cached_tokens
 
@@ -56,7 +58,8 @@ def test_lists_publish_new_prefixes_and_release_removed_ones(tiny: LoadedModel) 
 
             await sync.apply([PrefixEntry("pp_b", style)], "v3")
             assert await cached_tokens(engine, [*ids, 9, 10], "initech") == 0
-            assert engine.stats().num_pages_available == NUM_PAGES - held_b.num_cached_tokens // 16
+            left = NUM_PAGES - held_b.num_cached_tokens // 16
+            await wait_for(lambda: engine.stats().num_pages_available == left)
 
             # A prefix the engine refuses is recorded with its error; the others still apply.
             too_long = "word " * 2000
@@ -64,7 +67,8 @@ def test_lists_publish_new_prefixes_and_release_removed_ones(tiny: LoadedModel) 
             refused = sync.held("pp_x")
             assert refused is not None and refused.error and refused.num_cached_tokens == 0
             await sync.apply([], "v5")
-            assert sync.held_ids == [] and engine.stats().num_pages_available == NUM_PAGES
+            assert sync.held_ids == []
+            await wait_for(lambda: engine.stats().num_pages_available == NUM_PAGES)
         finally:
             await engine.shutdown()
 
