@@ -1,4 +1,4 @@
-"""Engine configuration: page size, the fixed KV budget, step token budget and limits."""
+"""Engine configuration: page size, the KV budget, step token budget and limits."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ from typing import Literal
 CPU_MAX_NUM_BATCHED_TOKENS = 2048
 GPU_MAX_NUM_BATCHED_TOKENS = 8192
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
+MAX_MEMORY_FRACTION = 0.95  # some memory always stays for the step's own tensors
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """How the engine sizes its KV cache and its steps; fixed for the engine's life.
 
-    The KV budget is ``num_pages`` when given, else as many pages as ``kv_cache_bytes`` holds.
+    The KV budget is ``num_pages`` when given, else as many pages as ``kv_cache_bytes`` holds,
+    else ``kv_cache_memory_fraction`` of the memory free once the model is loaded (None: 0.25 of
+    host RAM on CPU, 0.9 of device memory on CUDA), never more pages than ``max_num_seqs``
+    requests of ``max_model_len`` tokens fill (``engine/kv_budget.py``).
     ``max_num_batched_tokens`` None means 2048 on CPU and 8192 on CUDA; ``max_model_len`` None
     means the model's own context length. ``speculative_tokens`` is how many tokens a greedy
     decode may guess from its own context and check in the same step (``engine/speculative.py``;
@@ -29,7 +33,8 @@ class EngineConfig:
 
     page_size: int = 16
     num_pages: int | None = None
-    kv_cache_bytes: int = 256 * 2**20
+    kv_cache_bytes: int | None = None
+    kv_cache_memory_fraction: float | None = None
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 64
     max_model_len: int | None = None
@@ -46,8 +51,11 @@ class EngineConfig:
             raise ValueError("page_size must be positive")
         if self.num_pages is not None and self.num_pages <= 0:
             raise ValueError("num_pages must be positive")
-        if self.kv_cache_bytes <= 0:
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError("kv_cache_bytes must be positive")
+        fraction = self.kv_cache_memory_fraction
+        if fraction is not None and not 0 < fraction <= MAX_MEMORY_FRACTION:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, {MAX_MEMORY_FRACTION}]")
         if self.max_num_seqs <= 0:
             raise ValueError("max_num_seqs must be positive")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
@@ -77,17 +85,6 @@ class EngineConfig:
         if self.device.startswith("cuda"):
             return GPU_MAX_NUM_BATCHED_TOKENS
         return CPU_MAX_NUM_BATCHED_TOKENS
-
-    def resolve_num_pages(self, bytes_per_page: int) -> int:
-        """The KV budget in pages, given what one page costs over all layers."""
-        if self.num_pages is not None:
-            return self.num_pages
-        if bytes_per_page <= 0:
-            raise ValueError("bytes_per_page must be positive")
-        num_pages = self.kv_cache_bytes // bytes_per_page
-        if num_pages <= 0:
-            raise ValueError("kv_cache_bytes cannot hold a single page")
-        return num_pages
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         """The longest prompt plus output a request may have."""

@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.fair_share import FairSharePolicy
+from engine.kv_budget import free_memory, size_kv_pool
 from engine.model.loader import LoadedModel
 from engine.model_runner import ModelRunner
 from engine.outputs import GenerateRequest, RequestOutput
@@ -64,8 +65,8 @@ class LLMEngine:
             * model_config.num_layers
             * torch.empty((), dtype=dtype).element_size()
         )
-        self.num_pages = config.resolve_num_pages(bytes_per_page)
         self.max_model_len = config.resolve_max_model_len(model_config.max_position_embeddings)
+        self.num_pages = self._size_pool(config, bytes_per_page, device)
         pool = PagePool(self.num_pages)
         if prefix_cache_factory is not None and config.enable_prefix_cache:
             self.cache = prefix_cache_factory(pool, page_size)
@@ -114,6 +115,24 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             cache=type(self.cache).__name__,
         )
+
+    def _size_pool(self, config: EngineConfig, bytes_per_page: int, device: torch.device) -> int:
+        """The KV pool's pages (``engine/kv_budget.py``), logged with the tokens they hold."""
+        sized_by_memory = config.num_pages is None and config.kv_cache_bytes is None
+        free = free_memory(device) if sized_by_memory else None
+        size = size_kv_pool(config, bytes_per_page, self.max_model_len, device.type, free)
+        emit = log.warning if size.reason == "fallback" else log.info
+        emit(
+            "kv_cache_sized",
+            num_pages=size.num_pages,
+            num_tokens=size.num_pages * config.page_size,
+            kv_cache_bytes=size.num_pages * bytes_per_page,
+            reason=size.reason,
+            memory_fraction=size.fraction,
+            free_bytes=size.free_bytes,
+            device=device.type,
+        )
+        return size.num_pages
 
     def _step_target(self, config: EngineConfig) -> StepTarget | None:
         """The step-time target of ``config``, with this machine's measured step costs."""

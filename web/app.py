@@ -60,6 +60,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     device = settings.resolved_device
     config = EngineConfig(
         kv_cache_bytes=settings.kv_cache_bytes,
+        kv_cache_memory_fraction=settings.kv_cache_memory_fraction,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,

@@ -85,7 +85,7 @@ async def _generate(args: argparse.Namespace) -> str:
         prompt_ids = tokenizer.encode(args.prompt)
     else:
         prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-    engine = AsyncEngine(LLMEngine(loaded, EngineConfig(dtype=dtype_name(dtype))))
+    engine = AsyncEngine(LLMEngine(loaded, EngineConfig(dtype=dtype_name(dtype), max_num_seqs=1)))
     engine.start()
     pieces: list[str] = []
     try:

@@ -93,6 +93,20 @@ def register(subparsers: Any) -> None:
         default=None,
         help="the longest a step may take (time per output token): auto (default), off or ms",
     )
+    parser.add_argument(
+        "--kv-cache-bytes",
+        dest="kv_cache_bytes",
+        type=int,
+        default=None,
+        help="KV cache size in bytes (default: a share of the memory free after loading)",
+    )
+    parser.add_argument(
+        "--kv-cache-memory-fraction",
+        dest="kv_cache_memory_fraction",
+        type=float,
+        default=None,
+        help="share of free memory for the KV cache (default 0.25 on CPU, 0.9 on CUDA)",
+    )
     parser.set_defaults(func=run_serve)
 
 

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from engine.config import MAX_MEMORY_FRACTION
+
 ENV_PREFIX = "ATRIUM_"
 
 
@@ -34,7 +36,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     usage_spool_path: str = "./atrium-usage.spool"
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 64
-    kv_cache_bytes: int = 256 * 2**20
+    # The KV pool: kv_cache_bytes when set, else kv_cache_memory_fraction of the memory free once
+    # the model is loaded (None: 0.25 of host RAM on CPU, 0.9 of GPU memory), never more than
+    # max_num_seqs requests of the full context fill.
+    kv_cache_bytes: int | None = None
+    kv_cache_memory_fraction: float | None = None
     max_model_len: int | None = None
     # Tokens a greedy decode may guess from its own context and check in the same step
     # (prompt lookup; 0 turns it off). Outputs are the same either way.
@@ -82,13 +88,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError("device must be auto, cpu or cuda")
         positive = {
             "max_num_seqs": self.max_num_seqs,
-            "kv_cache_bytes": self.kv_cache_bytes,
             "default_max_tokens_cap": self.default_max_tokens_cap,
             "max_body_bytes": self.max_body_bytes,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise SettingsError(f"{name} must be positive")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise SettingsError("kv_cache_bytes must be positive")
+        fraction = self.kv_cache_memory_fraction
+        if fraction is not None and not 0 < fraction <= MAX_MEMORY_FRACTION:
+            raise SettingsError(f"kv_cache_memory_fraction must be in (0, {MAX_MEMORY_FRACTION}]")
         if not 0 <= self.speculative_tokens <= 64:
             raise SettingsError("speculative_tokens must be between 0 and 64")
         if self.speculative_max_batch is not None and self.speculative_max_batch <= 0:

@@ -43,6 +43,8 @@ class Server:
             "ATRIUM_ADMIN_TOKEN": "admin-e2e-token",
             "ATRIUM_USAGE_SPOOL_PATH": str(tmp / "usage.spool"),
             "ATRIUM_DTYPE": "float32",
+            # By default the pool takes a share of free memory (GBs); these tests need little.
+            "ATRIUM_KV_CACHE_BYTES": str(256 * 2**20),
         }
         self.tenant_ids: dict[str, str] = {}
 

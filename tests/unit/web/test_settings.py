@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from web.cli import build_parser
 from web.settings import Settings, SettingsError
 
 
@@ -100,3 +101,22 @@ def test_target_tpot_is_auto_by_default_and_takes_off_or_milliseconds() -> None:
     for bad in ("0", "-5", "fast", "inf", "nan"):
         with pytest.raises(SettingsError, match="target_tpot_ms"):
             Settings.load(environ={"ATRIUM_TARGET_TPOT_MS": bad})
+
+
+def test_kv_pool_is_sized_from_free_memory_unless_bytes_are_set() -> None:
+    defaults = Settings.load(environ={})
+    assert (defaults.kv_cache_bytes, defaults.kv_cache_memory_fraction) == (None, None)
+    env = {"ATRIUM_KV_CACHE_BYTES": str(4 * 2**30), "ATRIUM_KV_CACHE_MEMORY_FRACTION": "0.4"}
+    settings = Settings.load(environ=env)
+    assert (settings.kv_cache_bytes, settings.kv_cache_memory_fraction) == (4 * 2**30, 0.4)
+    assert (
+        Settings.load({"kv_cache_memory_fraction": 0.1}, environ=env).kv_cache_memory_fraction
+        == 0.1
+    )
+    args = build_parser().parse_args(["serve", "--kv-cache-memory-fraction", "0.5"])
+    assert args.kv_cache_memory_fraction == 0.5 and args.kv_cache_bytes is None
+    for bad in ({"ATRIUM_KV_CACHE_BYTES": "0"}, {"ATRIUM_KV_CACHE_MEMORY_FRACTION": "0"}):
+        with pytest.raises(SettingsError, match="kv_cache"):
+            Settings.load(environ=bad)
+    with pytest.raises(SettingsError, match=r"kv_cache_memory_fraction must be in \(0, 0.95\]"):
+        Settings.load(environ={"ATRIUM_KV_CACHE_MEMORY_FRACTION": "1.0"})
