@@ -243,12 +243,10 @@ class KeyService:
                     .where(ApiKey.id.in_(ids[start : start + REFUSAL_CHUNK]))
                 )
                 for key_id, revoked_at, expires_at, status in rows:
-                    if not is_live(revoked_at, expires_at, now):
-                        continue
-                    if status == "active":
-                        del refused[key_id]
-                    else:
+                    if status != "active":  # a deleted tenant's keys are revoked too: say why
                         refused[key_id] = status
+                    elif is_live(revoked_at, expires_at, now):
+                        del refused[key_id]
         return refused
 
     async def _lookup(self, key_hash: str, prefix: str, secret: str) -> AuthContext:

@@ -2,6 +2,8 @@
 
 Entries are keyed by an HMAC of the key under a per-process random salt (never the key itself),
 bounded in number and age; a key found revoked, or whose tenant was suspended, stays refused.
+An entry's age counts from the database's last word on it (a request, or a sweep that found it
+still valid), so a key revoked elsewhere just before an outage is served at most ``max_age_s``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from datetime import UTC, datetime
 from tenants.errors import InvalidKeyError, TenantSuspendedError
 from tenants.schemas import AuthContext
 
-MAX_AGE_S = 600.0
+MAX_AGE_S = 60.0
 MAX_ENTRIES = 10_000
 
 
@@ -46,6 +48,10 @@ class KnownKeys:
         self._salt = secrets.token_bytes(32)
         self._entries: OrderedDict[str, KnownKey] = OrderedDict()  # oldest verification first
 
+    def now(self) -> float:
+        """This cache's clock (monotonic seconds), for ``confirm``."""
+        return self._monotonic()
+
     def remember(self, secret: str, ctx: AuthContext) -> None:
         """The database just accepted ``secret`` for ``ctx``."""
         self._put(self._digest(secret), KnownKey(self._monotonic(), ctx))
@@ -57,12 +63,31 @@ class KnownKeys:
         if entry is not None:
             self._put(digest, KnownKey(self._monotonic(), entry.ctx, reason))
 
-    def refuse_keys(self, refusals: Mapping[str, str]) -> None:
-        """Mark the entries of these key ids refused (``key_id -> reason``)."""
+    def refuse_keys(self, refusals: Mapping[str, str]) -> dict[str, str]:
+        """Mark the entries of these key ids refused (``key_id -> reason``); returns the tenants
+        whose keys were newly refused for a reason other than revocation (``tenant -> reason``)."""
+        gone: dict[str, str] = {}
         for digest, entry in list(self._entries.items()):
             reason = refusals.get(entry.ctx.key_id)
             if reason is not None and entry.refusal is None:
                 self._entries[digest] = KnownKey(entry.verified_at, entry.ctx, reason)
+                if reason != "revoked":
+                    gone[entry.ctx.tenant_id] = reason
+        return gone
+
+    def refuse_tenant(self, tenant_id: str, reason: str) -> None:
+        """Mark every entry of ``tenant_id`` refused (suspended or deleted here, just now)."""
+        for digest, entry in list(self._entries.items()):
+            if entry.ctx.tenant_id == tenant_id and entry.refusal is None:
+                self._entries[digest] = KnownKey(entry.verified_at, entry.ctx, reason)
+
+    def confirm(self, key_ids: set[str], at: float) -> None:
+        """The database said at ``at`` (monotonic, taken before asking) that these keys were
+        still valid: their age counts from then."""
+        for digest, entry in list(self._entries.items()):
+            if entry.ctx.key_id in key_ids and entry.refusal is None and entry.verified_at < at:
+                self._entries[digest] = KnownKey(at, entry.ctx)
+                self._entries.move_to_end(digest)
 
     def accepted_key_ids(self) -> set[str]:
         return {e.ctx.key_id for e in self._entries.values() if e.refusal is None}
@@ -72,7 +97,7 @@ class KnownKeys:
         InvalidKeyError or TenantSuspendedError for a key the database last refused."""
         self._expire()
         entry = self._entries.get(self._digest(secret))
-        if entry is None:
+        if entry is None or self._monotonic() - entry.verified_at > self._max_age_s:
             return None
         if entry.refusal == "revoked":
             raise InvalidKeyError("unknown or revoked API key")
@@ -96,6 +121,8 @@ class KnownKeys:
             self._entries.popitem(last=False)
 
     def _expire(self) -> None:
+        # Mostly oldest first (a sweep's confirmation can land after a newer request's):
+        # lookup checks each entry's own age, this only bounds memory.
         oldest_allowed = self._monotonic() - self._max_age_s
         while self._entries:
             digest, entry = next(iter(self._entries.items()))

@@ -61,13 +61,15 @@ class SqlTenancy:
         self.metrics = DegradedMetrics(
             registry or CollectorRegistry(), per_tenant=per_tenant_metrics
         )
-        self.known = known_keys or KnownKeys()
+        self.known = KnownKeys() if known_keys is None else known_keys  # empty is falsy
         self.local = LocalAdmission(self.metrics)
         self.monitor = DatabaseMonitor(db.probe, self.metrics, sweep_interval_s=sweep_interval_s)
         self.monitor.sweep = self._sweep_refusals
         self.monitor.recovery_hooks += [self._retry_settles, self._meter.flush]
         self._pending: dict[str, tuple[Admission, Usage]] = {}
         self.lease = lease  # owns this gateway's reservations (None: they have no owner)
+        # Called with a tenant id once it is suspended or deleted (the engine drops its cache).
+        self.on_tenant_gone: list[Callable[[str], None]] = []
 
     def start(self) -> None:
         self.monitor.start()
@@ -256,10 +258,27 @@ class SqlTenancy:
             self.metrics.pending_settles.set(len(self._pending))
 
     async def _sweep_refusals(self) -> None:
-        """Learn of revocations and suspensions made elsewhere before an outage hides them."""
+        """Learn of revocations and suspensions made elsewhere before an outage hides them, and
+        restart the fallback age of the keys still valid."""
         key_ids = self.known.accepted_key_ids()
-        if key_ids:
-            self.known.refuse_keys(await self._keys.refused_keys(key_ids))
+        if not key_ids:
+            return
+        asked_at = self.known.now()
+        refusals = await self._keys.refused_keys(key_ids)
+        gone = self.known.refuse_keys(refusals)
+        self.known.confirm(key_ids - set(refusals), asked_at)
+        for tenant_id, reason in gone.items():
+            self.tenant_gone(tenant_id, reason)
+
+    def key_revoked(self, key_id: str) -> None:
+        """This gateway revoked ``key_id``: refused at once, even through an outage."""
+        self.known.refuse_keys({key_id: "revoked"})
+
+    def tenant_gone(self, tenant_id: str, reason: str) -> None:
+        """``tenant_id`` is suspended or deleted: refuse its keys and drop its cached pages."""
+        self.known.refuse_tenant(tenant_id, reason)
+        for hook in self.on_tenant_gone:
+            hook(tenant_id)
 
 
 def _headers(grant: Admission | LocalTicket) -> dict[str, str]:
@@ -314,6 +333,9 @@ async def connect_sql_tenancy(
         per_tenant_metrics=settings.metrics_tenant_labels,
         lease=lease,
     )
+    drop = getattr(state.get("engine"), "drop_tenant", None)
+    if callable(drop):  # a suspended or deleted tenant's cached pages go at once
+        tenancy.on_tenant_gone.append(drop)
     tenancy.start()
 
     async def close() -> None:

@@ -86,6 +86,16 @@ def gateway(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[tuple[Gateway, lis
             yield Gateway(client, proxy, direct, model), keys
 
 
+def _accepted(gw: Gateway) -> set[str]:
+    """The key ids the gateway would still serve from its fallback cache."""
+    known = gw.client.app.state.tenancy.known
+
+    async def read() -> set[str]:
+        return set(known.accepted_key_ids())
+
+    return gw.client.blocking_portal.call(read)  # on the app's loop: no concurrent mutation
+
+
 def _wait_for(check: Any, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -104,8 +114,11 @@ def test_requests_are_served_through_an_outage_and_metered_once(
     for _ in range(3):
         assert gw.complete(key).status_code == 200
     assert gw.complete(revoked).status_code == 200
+    tenancy = client.app.state.tenancy
+    assert len(_accepted(gw)) == 2
     asyncio.run(revoke_key_of(gw.url, tmp_path / "admin.spool", revoked))
-    time.sleep(3.0)  # another process revoked it: the gateway learns of it within its sweep
+    # Another process revoked it: the gateway learns of it at its next sweep.
+    _wait_for(lambda: len(_accepted(gw)) == 1, timeout_s=30)
 
     gw.proxy.cut()
     during = [gw.complete(key) for _ in range(4)] + [gw.complete(key, stream=True)]
@@ -133,7 +146,10 @@ def test_requests_are_served_through_an_outage_and_metered_once(
         return len(books.request_ids) >= len(gw.served) and books.reservations == 0
 
     _wait_for(all_stored, timeout_s=30)
-    time.sleep(0.5)  # a late duplicate, if any, would land now
+    # Every event recorded so far is now stored or spooled, and the spool is empty: nothing
+    # is on its way that could still land as a duplicate.
+    client.blocking_portal.call(tenancy._meter.flush)
+    assert not tenancy._meter.spooled and tenancy._meter.held == 0 and not tenancy._pending
     books = asyncio.run(read_books(gw.url))
     assert sorted(books.request_ids) == sorted(gw.served)  # one row per request, none twice
     assert len(gw.served) == 3 + 1 + 5 + 2

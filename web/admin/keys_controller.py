@@ -10,6 +10,7 @@ from litestar.status_codes import HTTP_200_OK
 from tenants.key_policy import KeyPatch, KeyRotate
 from tenants.schemas import KeyInfo
 from web.admin.context import services
+from web.admin.revocation import key_revoked
 from web.admin.schemas import IssuedKey, KeyCreate
 from web.admin.tenants_controller import AdminRequest, actor_of
 
@@ -62,4 +63,6 @@ class KeysController(Controller):
     @delete("/keys/{key_id:str}", status_code=HTTP_200_OK)
     async def revoke_key(self, request: AdminRequest, key_id: FromPath[str]) -> KeyInfo:
         svc = await services(request)
-        return await svc.keys.revoke_key(key_id, actor=actor_of(request))
+        info = await svc.keys.revoke_key(key_id, actor=actor_of(request))
+        key_revoked(request, key_id)
+        return info

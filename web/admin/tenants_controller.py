@@ -10,6 +10,7 @@ from litestar.status_codes import HTTP_200_OK
 
 from tenants.schemas import TenantCreate, TenantInfo, TenantPatch
 from web.admin.context import services
+from web.admin.revocation import tenant_changed
 
 AdminRequest = Request[Any, Any, Any]
 
@@ -42,9 +43,13 @@ class TenantsController(Controller):
         self, request: AdminRequest, tenant_id: FromPath[str], data: JSONBody[TenantPatch]
     ) -> TenantInfo:
         svc = await services(request)
-        return await svc.tenants.update(tenant_id, data, actor=actor_of(request))
+        info = await svc.tenants.update(tenant_id, data, actor=actor_of(request))
+        tenant_changed(request, info)
+        return info
 
     @delete("/{tenant_id:str}", status_code=HTTP_200_OK)
     async def delete_tenant(self, request: AdminRequest, tenant_id: FromPath[str]) -> TenantInfo:
         svc = await services(request)
-        return await svc.tenants.delete(tenant_id, actor=actor_of(request))
+        info = await svc.tenants.delete(tenant_id, actor=actor_of(request))
+        tenant_changed(request, info)
+        return info
