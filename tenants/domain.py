@@ -14,6 +14,7 @@ from tenants.key_service import KeyService
 from tenants.leases import LeaseService
 from tenants.meter import UsageMeter
 from tenants.price_service import PriceService
+from tenants.public_prefixes import PublicPrefixService
 from tenants.server_secrets import load_key_secret
 from tenants.tenant_service import TenantService
 from tenants.timeutil import Clock, utc_now
@@ -33,6 +34,7 @@ class TenantDomain:
     audit: AuditService
     meter: UsageMeter
     leases: LeaseService
+    public_prefixes: PublicPrefixService
 
     @classmethod
     async def open(
@@ -60,6 +62,7 @@ class TenantDomain:
             audit=AuditService(db),
             meter=UsageMeter(UsageStore(db), spool_path),
             leases=LeaseService(db, clock),
+            public_prefixes=PublicPrefixService(db, clock),
         )
 
     async def close(self) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import DateTime, TypeDecorator
 
@@ -250,3 +251,27 @@ class ConsoleSessionRow(Base):
     admin_binding: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+
+
+class PublicPrefixRow(Base):
+    """A prefix published for every tenant to reuse. Unpublishing keeps the row (its history)
+    and sets ``unpublished_at``; a text is published at most once at a time."""
+
+    __tablename__ = "public_prefixes"
+    __table_args__ = (
+        Index(
+            "uq_public_prefixes_live_text",
+            "text_sha256",
+            unique=True,
+            sqlite_where=sql_text("unpublished_at IS NULL"),
+            postgresql_where=sql_text("unpublished_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    text_sha256: Mapped[str] = mapped_column(String(64))  # hex SHA-256 of the UTF-8 text
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    created_by: Mapped[str] = mapped_column(String(100))
+    unpublished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    unpublished_by: Mapped[str | None] = mapped_column(String(100))

@@ -26,6 +26,7 @@ TABLES = {
     "console_sessions",
     "key_rate_buckets",
     "gateway_leases",
+    "public_prefixes",
 }
 
 
