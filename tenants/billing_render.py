@@ -35,6 +35,18 @@ def format_money(micros: int) -> str:
     return f"{micros // MICROS}.{micros % MICROS:06d}"
 
 
+# A spreadsheet evaluates a cell starting with one of these as a formula (CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula, prefixed with ``'`` so it shows as text;
+    numbers and other text unchanged. (JSON lines keep the values as they are.)"""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def render(rows: Sequence[BillingRow], fmt: ExportFormat) -> bytes:
     if fmt == "jsonl":
         return b"".join(msgspec.json.encode(row) + b"\n" for row in rows)
@@ -42,7 +54,7 @@ def render(rows: Sequence[BillingRow], fmt: ExportFormat) -> bytes:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(COLUMNS)
     for row in rows:
-        writer.writerow([getattr(row, name) for name in COLUMNS])
+        writer.writerow([spreadsheet_safe(getattr(row, name)) for name in COLUMNS])
     return buffer.getvalue().encode("utf-8")
 
 

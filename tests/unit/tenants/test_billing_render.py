@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import UTC, datetime
+
+import msgspec
 
 from tenants.billing_render import cost_numerator, format_money, manifest, render, round_micros
 from tenants.records import BillingRow, PriceInfo
@@ -57,3 +61,19 @@ def test_render_and_manifest() -> None:
     info = manifest(rows, data, start=start, end=end, fmt="csv", unpriced_requests=0)
     assert info.cost_micros == {"EUR": 11, "USD": 12}
     assert (info.rows, info.requests, info.prompt_tokens) == (3, 3, 30)
+
+
+def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_shown_as_text() -> None:
+    names = ['=HYPERLINK("http://x","y")', "+1+1", "-2+3", "@SUM(A1)", "\tcmd", "\rcmd", "a=b"]
+    rows = [
+        msgspec.structs.replace(_row(f"t{i}", 1), tenant_name=name, model=f"={i}")
+        for i, name in enumerate(names)
+    ]
+    text = render(rows, "csv").decode()
+    parsed = list(csv.reader(io.StringIO(text, newline="")))[1:]
+    assert [r[1] for r in parsed] == ["'" + n for n in names[:-1]] + ["a=b"]
+    assert all(r[2].startswith("'=") for r in parsed)
+    assert all(r[3] == "1" and r[7] == "0.000001" for r in parsed)  # numbers stay numbers
+    # JSON lines carry the names unchanged.
+    first = msgspec.json.decode(render(rows, "jsonl").splitlines()[0])
+    assert first["tenant_name"] == names[0]
