@@ -41,10 +41,14 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 def spreadsheet_safe(value: object) -> object:
     """A text cell a spreadsheet would run as a formula, prefixed with ``'`` so it shows as text;
-    numbers and other text unchanged. (JSON lines keep the values as they are.)"""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
-    return value
+    numbers and other text unchanged. A carriage return becomes a newline: the writer quotes
+    cells holding its line terminator (``\n``) but not a bare ``\r``, which would split the row.
+    (JSON lines keep the values as they are.)"""
+    if not isinstance(value, str):
+        return value
+    if value.startswith(FORMULA_STARTS):
+        value = "'" + value
+    return value.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def render(rows: Sequence[BillingRow], fmt: ExportFormat) -> bytes:
