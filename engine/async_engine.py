@@ -27,7 +27,7 @@ from engine.outputs import GenerateRequest, PublishedPrefix, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
-from radix_cache.prefix_cache import PUBLIC_NAMESPACE
+from radix_cache.prefix_cache import PUBLIC_NAMESPACE, tenant_namespace
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +48,11 @@ class _Abort:
 
 class _Stop:
     __slots__ = ()
+
+
+@dataclass(slots=True)
+class _Drop:
+    tenant_id: str
 
 
 class EngineClient(ABC):
@@ -80,6 +85,12 @@ class EngineClient(ABC):
     @abstractmethod
     def abort(self, request_id: str) -> None:
         """Ask the loop to stop a request; its pages are freed at the next step."""
+
+    def drop_tenant(self, tenant_id: str) -> None:
+        """Free the tenant's cached prefix pages (suspended or deleted) at the loop's next turn;
+        pages its running requests hold stay until they finish. An engine whose cache lives
+        elsewhere ignores this."""
+        return None
 
     @abstractmethod
     def _submit(self, request: GenerateRequest, sink: Sink) -> None:
@@ -160,7 +171,7 @@ class AsyncEngine(EngineClient):
 
     def __init__(self, engine: LLMEngine) -> None:
         self._engine = engine
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop | _Drop] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}  # engine thread only
         self._lock = threading.Lock()  # orders "is it dead?" against queueing a request
         self._dead: BaseException | None = None
@@ -205,6 +216,9 @@ class AsyncEngine(EngineClient):
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    def drop_tenant(self, tenant_id: str) -> None:
+        self._commands.put(_Drop(tenant_id))
+
     def _submit(self, request: GenerateRequest, sink: Sink) -> None:
         with self._lock:
             if self._dead is not None:
@@ -243,7 +257,7 @@ class AsyncEngine(EngineClient):
             if not self._handle(command):
                 return False
 
-    def _handle(self, command: _Add | _Abort | _Stop | None) -> bool:
+    def _handle(self, command: _Add | _Abort | _Stop | _Drop | None) -> bool:
         """Apply one command; False means stop the loop."""
         if command is None:
             return True
@@ -251,6 +265,10 @@ class AsyncEngine(EngineClient):
             return False
         if isinstance(command, _Abort):
             self._engine.abort(command.request_id)
+            return True
+        if isinstance(command, _Drop):
+            freed = self._engine.cache.drop_namespace(tenant_namespace(command.tenant_id))
+            log.info("tenant_cache_dropped", tenant_id=command.tenant_id, pages=freed)
             return True
         request_id = command.request.request_id
         if request_id in self._sinks:

@@ -38,6 +38,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
+from radix_cache.prefix_cache import tenant_namespace
 
 log = structlog.get_logger(__name__)
 # The longest an idle engine waits for the rest of a burst (GenerateRequest.num_following).
@@ -149,6 +150,10 @@ class _ChildLoop:
             return False
         if kind == "abort":
             self.engine.abort(command[1])
+            return True
+        if kind == "drop":
+            freed = self.engine.cache.drop_namespace(tenant_namespace(command[1]))
+            log.info("tenant_cache_dropped", tenant_id=command[1], pages=freed)
             return True
         request: GenerateRequest = command[1]
         self.following = request.num_following
@@ -299,6 +304,10 @@ class ProcessEngine(EngineClient):
     def abort(self, request_id: str) -> None:
         if self._dead is None:
             self._outbox.put(("abort", request_id))
+
+    def drop_tenant(self, tenant_id: str) -> None:
+        if self._dead is None:
+            self._outbox.put(("drop", tenant_id))
 
     # -- the two threads ----------------------------------------------------------------------
 

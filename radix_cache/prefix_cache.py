@@ -139,6 +139,11 @@ class PrefixCache(ABC):
         pin was released (0: no prefix was published there). Without a tree nothing is held."""
         return 0
 
+    def drop_namespace(self, namespace: str) -> int:
+        """Free every unlocked cached page of ``namespace`` (a tenant suspended or deleted);
+        returns how many. Without a tree nothing is cached."""
+        return 0
+
     def stats(self) -> dict[str, NamespaceSnapshot]:
         """Per-namespace residency and hit counters (empty without a tree)."""
         return {}
