@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -37,6 +38,9 @@ from radix_cache.prefix_cache import (
     PrefixCache,
     tenant_namespace,
 )
+
+if TYPE_CHECKING:
+    from engine.structured.runtime import StructuredOutput
 
 log = structlog.get_logger(__name__)
 
@@ -102,6 +106,7 @@ class LLMEngine:
         )
         self.scheduler.target = self._step_target(config)
         self.sampler = Sampler()
+        self.structured: StructuredOutput | None = None  # built by the first constrained request
         self.stats = EngineStats()
         self._requests: dict[str, Request] = {}  # live requests only
         self._pending: list[RequestOutput] = []  # aborts, returned by the next step
@@ -215,6 +220,14 @@ class LLMEngine:
         state.detokenizer = IncrementalDetokenizer(
             self.tokenizer, params, request.prompt_token_ids, self.eos_token_ids
         )
+        if params.grammar is not None:
+            if self.structured is None:  # xgrammar loads with the first constrained request
+                from engine.structured.runtime import StructuredOutput
+
+                self.structured = StructuredOutput(
+                    self.tokenizer.hf, self.vocab_size, self.eos_token_ids
+                )
+            state.grammar = self.structured.state_for(params.grammar, params.ignore_eos)
         self._num_arrivals += 1
         self._requests[request.request_id] = state
         self.scheduler.add(state)
@@ -291,6 +304,9 @@ class LLMEngine:
         inputs = self.runner.prepare(seqs)
         t2 = time.perf_counter()
         stats.metadata_s += t2 - t1
+        sampled = [seq for seq in seqs if seq.sample]
+        # Grammar masks are filled on a worker thread while the forward pass runs.
+        mask = self.structured.start(sampled) if self.structured is not None else None
         try:
             logits = self.runner.forward(inputs)
         except Exception as exc:  # one bad step errors its requests, never the engine
@@ -298,7 +314,6 @@ class LLMEngine:
             for seq in seqs:
                 outputs.append(self._fail(seq.request, f"model step failed: {exc}"))
             return outputs
-        sampled = [seq for seq in seqs if seq.sample]
         t3 = time.perf_counter()
         stats.forward_s += t3 - t2
         token_ids: list[int] = []
@@ -309,6 +324,9 @@ class LLMEngine:
                 rows = 1 + len(seq.draft)
                 params.extend([seq.request.params] * rows)
                 generators.extend([seq.request.generator] * rows)
+            if mask is not None and self.structured is not None:
+                logits = logits.float()
+                self.structured.apply(logits, mask)
             token_ids = self.sampler(logits, params, generators).token_ids
         t4 = time.perf_counter()
         stats.sample_s += t4 - t3
@@ -390,12 +408,17 @@ class LLMEngine:
         reason: str | None = None
         appended: list[int] = []
         for token_id in token_ids:
+            grammar = request.grammar
+            if grammar is not None and not grammar.accept(token_id):
+                return self._fail(request, grammar.error or "the output left its grammar")
             request.append_token(token_id)
             appended.append(token_id)
             self.stats.num_generated_tokens += 1
             piece, reason = detokenizer.update(token_id, request.num_output_tokens)
             text += piece
-            if reason is None and request.num_tokens >= self.max_model_len:
+            if reason is None and (
+                request.num_tokens >= self.max_model_len or (grammar is not None and grammar.closed)
+            ):  # a grammar closed early for max_tokens ends the output as "length" too
                 reason = "length"
                 text += detokenizer.flush()
             if reason is not None:

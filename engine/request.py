@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from engine.detokenizer import IncrementalDetokenizer
     from engine.speculative import DraftState
+    from engine.structured.state import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -55,6 +56,7 @@ class Request:
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
     draft_state: DraftState | None = None  # n-gram drafting (engine/speculative.py)
+    grammar: GrammarState | None = None  # structured output (engine/structured/)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

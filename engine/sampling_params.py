@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.structured.spec import GrammarSpec
 
 # Temperatures below this are greedy (as in vLLM): dividing float32 logits by less overflows them,
 # or by a value that underflows to 0 (1e-300) turns every probability into NaN.
@@ -31,6 +32,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    grammar: GrammarSpec | None = None  # the output must match it (engine/structured/)
     extra: dict[str, object] = field(default_factory=dict)
 
     @property

@@ -1,0 +1,1 @@
+"""Grammar-constrained decoding: specs, compiled grammars, per-request matchers, token masks."""
