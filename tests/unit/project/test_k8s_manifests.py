@@ -1,0 +1,247 @@
+"""platform/k8s: every overlay renders, each object is valid for the pinned Kubernetes versions,
+and the rules an operator relies on hold (resources, probes, non-root, pinned images, wiring)."""
+
+from __future__ import annotations
+
+import re
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.support.kustomize import (
+    K8S,
+    OVERLAYS,
+    Obj,
+    by_component,
+    containers,
+    env_of,
+    find,
+    pod_labels,
+    pod_spec,
+    render,
+    selects,
+    workloads,
+)
+
+# The oldest Kubernetes the manifests support and the newest whose schemas are bundled.
+KUBERNETES_VERSIONS = ("1.32.0", "1.37.0")
+LONG_RUNNING = ("Deployment", "StatefulSet", "DaemonSet")
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_is_valid_for_kubernetes(overlay: str, version: str) -> None:
+    errors = []
+    for obj in render(overlay):
+        try:
+            # strict: a misspelt or misplaced field is an error, not silently dropped.
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
+    assert errors == []
+
+
+def test_the_example_secret_is_valid_and_names_every_key_prod_reads() -> None:
+    example = yaml.safe_load((K8S / "overlays" / "prod" / "secret.example.yaml").read_text())
+    kubernetes_validate.validate(example, KUBERNETES_VERSIONS[0], strict=True)
+    referenced = _secret_refs(render("prod"))
+    assert {name for name, _ in referenced} == {example["metadata"]["name"]}
+    assert {key for _, key in referenced} == set(example["stringData"])
+    assert not [o for o in render("prod") if o["kind"] == "Secret"], "prod holds no secret"
+
+
+def test_dev_generates_every_secret_key_it_reads() -> None:
+    objects = render("dev")
+    for name, key in _secret_refs(objects):
+        assert key in find(objects, "Secret", name)["data"], f"{name} lacks {key}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_file_is_part_of_a_kustomization(overlay: str) -> None:
+    for folder in (K8S / "base", K8S / "overlays" / overlay):
+        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        used = set(kustomization.get("resources", []))
+        used |= {patch["path"] for patch in kustomization.get("patches", [])}
+        files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
+        assert files - used <= {"secret.example.yaml"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_containers_have_resources_probes_and_run_as_non_root(overlay: str) -> None:
+    problems = []
+    for workload in workloads(render(overlay)):
+        pod = pod_spec(workload)
+        pod_security = pod.get("securityContext", {})
+        for container in containers(workload):
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            resources = container.get("resources", {})
+            requests, limits = resources.get("requests", {}), resources.get("limits", {})
+            if not {"cpu", "memory"} <= set(requests) or "memory" not in limits:
+                problems.append(f"{where}: needs cpu and memory requests and a memory limit")
+            security = container.get("securityContext", {})
+            merged = {**pod_security, **security}
+            if merged.get("runAsNonRoot") is not True or merged.get("runAsUser", 0) == 0:
+                problems.append(f"{where}: must run as a non-root user id")
+            if security.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{where}: allowPrivilegeEscalation must be false")
+            if security.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{where}: the root file system must be read-only")
+            if "ALL" not in security.get("capabilities", {}).get("drop", []):
+                problems.append(f"{where}: must drop all capabilities")
+            if merged.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+                problems.append(f"{where}: needs the RuntimeDefault seccomp profile")
+        if workload["kind"] in LONG_RUNNING:
+            for container in containers(workload, init=False):
+                where = f"{workload['metadata']['name']}/{container['name']}"
+                for probe in ("readinessProbe", "livenessProbe"):
+                    if probe not in container:
+                        problems.append(f"{where}: no {probe}")
+                    elif not _probe_port_exists(container, container[probe]):
+                        problems.append(f"{where}: {probe} names a port the container lacks")
+    assert problems == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_pinned(overlay: str) -> None:
+    for workload in workloads(render(overlay)):
+        for container in containers(workload):
+            image = container["image"]
+            name, _, tag = image.rpartition(":")
+            pinned = "@sha256:" in image or (bool(name) and "/" not in tag and tag != "latest")
+            assert pinned, f"{container['name']}: {image} has no fixed tag"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_select_their_pods_and_ports(overlay: str) -> None:
+    objects = render(overlay)
+    for service in (o for o in objects if o["kind"] == "Service"):
+        targets = [w for w in workloads(objects) if selects(_as_selector(service), pod_labels(w))]
+        assert len(targets) == 1, f"Service {service['metadata']['name']} selects {len(targets)}"
+        names = {p.get("name") for c in containers(targets[0]) for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            assert port.get("targetPort", port["port"]) in names | _numbers(targets[0])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_disruption_budgets_and_autoscaler_cover_gateways_and_engines(overlay: str) -> None:
+    objects = render(overlay)
+    parts = by_component(objects)
+    budgets = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    for component in ("gateway", "engine"):
+        labels = pod_labels(parts[component])
+        assert [b for b in budgets if selects(b["spec"]["selector"], labels)], component
+    autoscaler = find(objects, "HorizontalPodAutoscaler", "atrium-gateway")
+    assert autoscaler["spec"]["scaleTargetRef"]["name"] == parts["gateway"]["metadata"]["name"]
+    assert "replicas" not in parts["gateway"]["spec"], "a re-apply would undo the autoscaler"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engines_answer_health_and_have_time_to_drain(overlay: str) -> None:
+    engine = by_component(render(overlay))["engine"]
+    (container,) = containers(engine)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    drain = float(env_of(container)["ATRIUM_DRAIN_GRACE_S"]["value"])
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod_spec(engine)["terminationGracePeriodSeconds"] >= pre_stop + drain + 10
+    gpus = container["resources"]["limits"].get("nvidia.com/gpu")
+    # prod serves from GPUs; dev runs the default model on the CPU of any cluster.
+    assert gpus == (1 if overlay == "prod" else None)
+    assert container["resources"]["requests"].get("nvidia.com/gpu") == gpus
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_router_discovers_engines_with_the_rights_it_has(overlay: str) -> None:
+    objects = render(overlay)
+    parts = by_component(objects)
+    router, engine = parts["router"], parts["engine"]
+    (container,) = containers(router)
+    args = container["args"]
+    assert args[0] == "launch" and "--service-discovery" in args
+    labels = dict(_values_after(args, "--selector"))
+    assert selects({"matchLabels": labels}, pod_labels(engine))
+    assert not selects({"matchLabels": labels}, pod_labels(parts["gateway"]))
+    engine_port = containers(engine).__next__()["ports"][0]["containerPort"]
+    assert _value_after(args, "--service-discovery-port") == str(engine_port)
+    assert _value_after(args, "--service-discovery-namespace") == "$(POD_NAMESPACE)"
+    field = env_of(container)["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert field == "metadata.namespace"
+    # The engine token guards the router too, and it is the one engines check.
+    assert _value_after(args, "--api-key") == "$(ATRIUM_ENGINE_TOKEN)"
+    token = env_of(container)["ATRIUM_ENGINE_TOKEN"]["valueFrom"]["secretKeyRef"]["key"]
+    (engine_container,) = containers(engine)
+    assert env_of(engine_container)["ATRIUM_ENGINE_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == (
+        token
+    )
+    account = pod_spec(router)["serviceAccountName"]
+    binding = find(objects, "RoleBinding", "atrium-router")
+    assert {"kind": "ServiceAccount", "name": account} in [
+        {"kind": s["kind"], "name": s["name"]} for s in binding["subjects"]
+    ]
+    role = find(objects, "Role", binding["roleRef"]["name"])
+    pods_rule = [r for r in role["rules"] if "pods" in r["resources"]]
+    assert pods_rule and {"get", "list", "watch"} <= set(pods_rule[0]["verbs"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gateways_reach_the_router_and_wait_for_the_migration(overlay: str) -> None:
+    objects = render(overlay)
+    parts = by_component(objects)
+    gateway, migrate = parts["gateway"], parts["migrate"]
+    (main,) = containers(gateway, init=False)
+    url = _value_after(main["args"], "--engine-url")
+    host, port = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", url).groups()  # type: ignore[union-attr]
+    service = find(objects, "Service", host)
+    assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+    assert selects(_as_selector(service), pod_labels(parts["router"]))
+    (job_container,) = containers(migrate)
+    assert job_container["args"] == ["db", "upgrade"]
+    (wait,) = pod_spec(gateway)["initContainers"]
+    assert "atrium db check" in " ".join(wait["command"])
+    database = {
+        env_of(c)["ATRIUM_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"]
+        for c in (main, wait, job_container)
+    }
+    assert len(database) == 1, "the job, the wait and the gateway must use one database"
+
+
+def _secret_refs(objects: tuple[Obj, ...]) -> set[tuple[str, str]]:
+    refs = set()
+    for workload in workloads(objects):
+        for container in containers(workload):
+            for entry in container.get("env", []):
+                ref = entry.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    refs.add((ref["name"], ref["key"]))
+    return refs
+
+
+def _probe_port_exists(container: Obj, probe: Obj) -> bool:
+    action = probe.get("httpGet") or probe.get("tcpSocket")
+    if action is None:
+        return "exec" in probe
+    declared = {p.get("name") for p in container.get("ports", [])}
+    declared |= {p["containerPort"] for p in container.get("ports", [])}
+    return action["port"] in declared
+
+
+def _numbers(workload: Obj) -> set[int]:
+    return {p["containerPort"] for c in containers(workload) for p in c.get("ports", [])}
+
+
+def _as_selector(service: Obj) -> Obj:
+    return {"matchLabels": service["spec"]["selector"]}
+
+
+def _value_after(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def _values_after(args: list[str], flag: str) -> list[tuple[str, str]]:
+    values = []
+    for arg in args[args.index(flag) + 1 :]:
+        if arg.startswith("--"):
+            break
+        key, _, value = arg.partition("=")
+        values.append((key, value))
+    return values
