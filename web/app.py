@@ -21,6 +21,8 @@ from web.auth_limiter import FailedAuthLimiter
 from web.errors import handle_exception
 from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
+from web.prefix_delivery import start_prefix_delivery
+from web.prefix_feed import internal_router
 from web.service_generation import GenerationService, ModelRuntime
 from web.settings import Settings
 from web.tenancy import Tenancy
@@ -189,6 +191,9 @@ def create_app(
             )
             app.state.tenancy = tenancy
             app.state.generation = service
+            delivery = await start_prefix_delivery(app.state, runtime)
+            if delivery is not None:
+                closers.append(delivery.stop)
             log.info("gateway_ready", model=runtime.name, max_model_len=runtime.max_model_len)
             yield
             await service.drain(settings.drain_grace_s)
@@ -200,7 +205,7 @@ def create_app(
             log.info("gateway_stopped")
 
     return Litestar(
-        route_handlers=[*routes_openai.ROUTES, *health.ROUTES, *admin],
+        route_handlers=[*routes_openai.ROUTES, *health.ROUTES, *admin, internal_router],
         exception_handlers={Exception: handle_exception},
         lifespan=[lifespan],
         state=state,

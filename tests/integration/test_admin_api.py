@@ -235,9 +235,6 @@ def test_audit_lists_mutations_oldest_first(admin: Client) -> None:
 
 
 class FakeEngine:
-    def __init__(self) -> None:
-        self.published: list[str] = []
-
     def stats(self) -> EngineSnapshot:
         return EngineSnapshot(
             running_by_tenant={"tn_a": 2},
@@ -247,27 +244,18 @@ class FakeEngine:
             counters=EngineStats(num_prefill_tokens=30, num_cached_tokens=10),
         )
 
-    async def publish_prefix(self, text: str) -> Any:
-        self.published.append(text)
-        return type("Published", (), {"num_tokens": len(text), "num_cached_tokens": 0})()
 
-
-def test_engine_state_and_public_prefixes(db_url: str) -> None:
-    fake = FakeEngine()
-    with TestClient(build_admin_app(db_url, engine=fake)) as client:
+def test_engine_state(db_url: str) -> None:
+    with TestClient(build_admin_app(db_url, engine=FakeEngine())) as client:
         client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         state = client.get("/admin/v1/engine").json()
         assert state["num_running"] == 2 and state["num_waiting"] == 1
         assert state["kv_pages_total"] == 100 and state["kv_pages_free"] == 60
         assert state["hit_rate"] == 0.25
         assert state["tenants"][0]["tenant_id"] == "tn_a"
-        published = client.post("/admin/v1/public-prefixes", json={"text": "You are helpful."})
-        assert published.status_code == 201 and published.json()["num_tokens"] == 16
-        assert fake.published == ["You are helpful."]
-        assert_error(client.post("/admin/v1/public-prefixes", json={"text": " "}), 400)
 
 
-def test_publishing_needs_an_engine_that_can(db_url: str) -> None:
+def test_an_engine_without_a_state_report(db_url: str) -> None:
     class StatsOnly:
         def stats(self) -> EngineSnapshot:
             return EngineSnapshot()
@@ -275,9 +263,7 @@ def test_publishing_needs_an_engine_that_can(db_url: str) -> None:
     with TestClient(build_admin_app(db_url, engine=StatsOnly())) as client:
         client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         assert client.get("/admin/v1/engine").json()["tenants"] == []
-        assert_error(client.post("/admin/v1/public-prefixes", json={"text": "x"}), 501)
 
 
 def test_engine_routes_without_an_engine(admin: Client) -> None:
     assert_error(admin.get("/admin/v1/engine"), 503, "engine_unavailable")
-    assert_error(admin.post("/admin/v1/public-prefixes", json={"text": "x"}), 503)

@@ -6,8 +6,9 @@ from litestar import Router
 
 from web.admin.audit_controller import list_audit
 from web.admin.auth import admin_guard
-from web.admin.engine_controller import engine_status, publish_prefix
+from web.admin.engine_controller import engine_status
 from web.admin.keys_controller import KeysController
+from web.admin.prefixes_controller import PublicPrefixesController
 from web.admin.tenants_controller import TenantsController
 from web.admin.usage_controller import (
     billing_export,
@@ -31,7 +32,7 @@ admin_router = Router(
         list_prices,
         list_audit,
         engine_status,
-        publish_prefix,
+        PublicPrefixesController,
     ],
     include_in_schema=False,
     request_class=JsonRequest,

@@ -18,6 +18,7 @@ from tenants.database import Database
 from tenants.domain import TenantDomain
 from tenants.key_service import KeyService
 from tenants.price_service import PriceService
+from tenants.public_prefixes import PublicPrefixService
 from tenants.server_secrets import load_key_secret
 from tenants.tenant_service import TenantService
 from tenants.usage_report import UsageReport
@@ -36,6 +37,7 @@ class AdminServices:
     prices: PriceService
     reports: UsageReport
     billing: BillingService
+    public_prefixes: PublicPrefixService
 
 
 def app_state(connection: ASGIConnection[Any, Any, Any, Any]) -> State:
@@ -74,6 +76,7 @@ async def services(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminServi
             prices=domain.prices,
             reports=domain.reports,
             billing=domain.billing,
+            public_prefixes=domain.public_prefixes,
         )
     else:
         db = database(connection)
@@ -85,6 +88,7 @@ async def services(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminServi
             prices=prices,
             reports=UsageReport(db),
             billing=BillingService(db, prices),
+            public_prefixes=PublicPrefixService(db),
         )
     state[SERVICES_STATE] = built
     return built

@@ -71,10 +71,19 @@ class PublicPrefixCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
 
 
 class PublicPrefix(msgspec.Struct, kw_only=True):
-    """A published prefix: how many tokens it has and how many are now cached for everyone."""
+    """A public prefix as stored, with what this gateway's engine holds of it: its tokens and
+    those cached for every tenant (null where this gateway runs no engine of its own, or for an
+    unpublished prefix), or why the engine could not keep it."""
 
-    num_tokens: int
-    num_cached_tokens: int
+    id: str
+    text: str
+    created_at: datetime
+    created_by: str
+    unpublished_at: datetime | None
+    unpublished_by: str | None
+    num_tokens: int | None = None
+    num_cached_tokens: int | None = None
+    engine_error: str | None = None
 
 
 class TenantEngineState(msgspec.Struct, kw_only=True):
