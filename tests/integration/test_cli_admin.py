@@ -211,16 +211,38 @@ def test_failures_are_one_line_with_a_status(cli: Cli, tmp_path: Path) -> None:
     unreachable = "postgresql+asyncpg://nobody@127.0.0.1:9/none"
     err = cli("tenants", "list", "--database-url", unreachable, status=1)
     assert err.startswith("atrium tenants list: database error")
-    err = cli("public-prefixes", "publish", "hi", "--server", "http://127.0.0.1:9", status=2)
-    assert "admin token" in err
-    err = cli(
-        "public-prefixes", "publish", "hi", "--server", "http://127.0.0.1:9",
-        "--admin-token", "t", status=1,
-    )  # fmt: skip
-    assert "cannot reach" in err
     with pytest.raises(SystemExit) as usage:
         main(["keys", "rotate", "key_x", "--overlap", "soon"])
     assert usage.value.code == 2
+
+
+def test_public_prefixes_publish_list_unpublish(cli: Cli, tmp_path: Path, url: str) -> None:
+    rules = cli.json("public-prefixes", "publish", "You are a careful assistant.")
+    assert rules["id"].startswith("pp_") and rules["created_by"] == "cli"
+    source = tmp_path / "style.txt"
+    source.write_text("Answer in French.\nKeep it short.", encoding="utf-8")
+    style = cli.json("public-prefixes", "publish", "--file", str(source))
+    assert style["text"] == "Answer in French.\nKeep it short."
+    assert [p["id"] for p in cli.json("public-prefixes", "list")] == [rules["id"], style["id"]]
+    table = cli("public-prefixes", "list", "--table")
+    assert rules["id"] in table and "Answer in French. Keep it short." in table
+
+    gone = cli.json("public-prefixes", "unpublish", rules["id"])
+    assert gone["unpublished_by"] == "cli" and gone["unpublished_at"]
+    assert [p["id"] for p in cli.json("public-prefixes", "list")] == [style["id"]]
+    assert len(cli.json("public-prefixes", "list", "--all")) == 2
+    audit = [(a["action"], a["actor"]) for a in cli.json("audit", "--action", "public_prefix.")]
+    assert audit.count(("public_prefix.publish", "cli")) == 2
+    assert ("public_prefix.unpublish", "cli") in audit
+
+    err = cli("public-prefixes", "publish", "Answer in French.\nKeep it short.", status=2)
+    assert "already published" in err
+    assert "already unpublished" in cli("public-prefixes", "unpublish", rules["id"], status=2)
+    assert "no public prefix" in cli("public-prefixes", "unpublish", "pp_nope", status=2)
+    assert "must not be empty" in cli("public-prefixes", "publish", "  ", status=2)
+    assert "not both" in cli("public-prefixes", "publish", "x", "--file", str(source), status=2)
+    missing = tmp_path / "missing.txt"
+    assert "cannot read" in cli("public-prefixes", "publish", "--file", str(missing), status=2)
 
 
 def test_the_installed_entry_point_prints_json_off_a_terminal(url: str) -> None:

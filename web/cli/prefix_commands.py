@@ -1,5 +1,5 @@
-"""`atrium public-prefixes publish`: public prefixes live in a running engine's cache, not in the
-database, so this command (unlike the other admin commands) calls a running server's admin API."""
+"""`atrium public-prefixes publish|list|unpublish`: prefixes every tenant may reuse, stored in the
+database; running gateways deliver a change to their engines within seconds."""
 
 from __future__ import annotations
 
@@ -7,57 +7,81 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import httpx
+import msgspec
 
-from web.cli import env_default
-from web.cli.output import output_flags, print_one
-from web.cli.runner import EXIT_FAILED, EXIT_INVALID, fail
-
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-NOTE = (
-    "A public prefix is held by the engine's prefix cache, so publishing talks to a running "
-    "server's admin API (--server, ATRIUM_SERVER_URL) with the admin token (ATRIUM_ADMIN_TOKEN). "
-    "Nothing is stored: publish again after a restart."
+from tenants.public_prefixes import PublicPrefixInfo
+from web.cli.output import output_flags, print_one, print_rows, wants_json
+from web.cli.runner import (
+    CLI_ACTOR,
+    DIRECT_NOTE,
+    EXIT_INVALID,
+    Services,
+    database_flag,
+    fail,
+    run_db,
 )
-TIMEOUT_S = 120.0  # the engine computes the prefix's KV before it answers
+
+NOTE = (
+    f"{DIRECT_NOTE} A running gateway publishes a change into its engine within a few seconds "
+    "(at once through the admin API); published prefixes are published again at every start."
+)
+PREFIX_COLUMNS = (
+    ("id", "id"),
+    ("text", "text"),
+    ("created_at", "created"),
+    ("created_by", "by"),
+    ("unpublished_at", "unpublished"),
+)
+PREVIEW_CHARS = 60
 
 
-def _error_message(response: httpx.Response) -> str:
-    try:
-        error = response.json().get("error", {})
-        message = error.get("message") if isinstance(error, dict) else None
-    except ValueError:
-        message = None
-    return f"HTTP {response.status_code}: {message or response.reason_phrase}"
+def _preview(info: PublicPrefixInfo) -> dict[str, Any]:
+    """The row as a table shows it: the text on one short line."""
+    row = msgspec.structs.asdict(info)
+    text = " ".join(info.text.split())
+    row["text"] = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+    return row
+
+
+def _rows(args: argparse.Namespace, found: list[PublicPrefixInfo]) -> int:
+    return print_rows(
+        args, found if wants_json(args) else [_preview(p) for p in found], PREFIX_COLUMNS
+    )
 
 
 def run_publish(args: argparse.Namespace) -> int:
     name = "public-prefixes publish"
+    if args.file is not None and args.text is not None:
+        return fail(name, "give the prefix text or --file, not both", EXIT_INVALID)
     if args.file is not None:
         try:
             text = args.file.read_text(encoding="utf-8")
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             return fail(name, f"cannot read {args.file}: {exc}", EXIT_INVALID)
     else:
         text = args.text or ""
-    if not text.strip():
-        return fail(name, "give the prefix text, or --file", EXIT_INVALID)
-    if not args.admin_token:
-        return fail(name, "no admin token: set ATRIUM_ADMIN_TOKEN or --admin-token", EXIT_INVALID)
-    url = f"{args.server.rstrip('/')}/admin/v1/public-prefixes"
-    try:
-        response = httpx.post(
-            url,
-            json={"text": text},
-            headers={"Authorization": f"Bearer {args.admin_token}"},
-            timeout=TIMEOUT_S,
-        )
-    except httpx.HTTPError as exc:
-        return fail(name, f"cannot reach {args.server}: {exc}", EXIT_FAILED)
-    if response.status_code >= 400:
-        status = EXIT_INVALID if response.status_code < 500 else EXIT_FAILED
-        return fail(name, _error_message(response), status)
-    return print_one(args, response.json())
+
+    async def work(svc: Services) -> PublicPrefixInfo:
+        return await svc.public_prefixes.publish(text, actor=CLI_ACTOR)
+
+    result = run_db(name, args, work)
+    return result if isinstance(result, int) else print_one(args, result)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    async def work(svc: Services) -> list[PublicPrefixInfo]:
+        return await svc.public_prefixes.list_prefixes(include_unpublished=args.all)
+
+    result = run_db("public-prefixes list", args, work)
+    return result if isinstance(result, int) else _rows(args, result)
+
+
+def run_unpublish(args: argparse.Namespace) -> int:
+    async def work(svc: Services) -> PublicPrefixInfo:
+        return await svc.public_prefixes.unpublish(args.prefix_id, actor=CLI_ACTOR)
+
+    result = run_db("public-prefixes unpublish", args, work)
+    return result if isinstance(result, int) else print_one(args, result)
 
 
 def register(subparsers: Any) -> None:
@@ -66,16 +90,21 @@ def register(subparsers: Any) -> None:
         "public-prefixes", help="prefixes every tenant may reuse", description=NOTE
     )
     commands = prefixes.add_subparsers(dest="prefixes_command", required=True)
-    publish = commands.add_parser(
-        "publish", help="publish a prefix on a running server", description=NOTE
-    )
+    publish = commands.add_parser("publish", help="publish a prefix", description=NOTE)
     publish.add_argument("text", nargs="?", help="the prefix text (or --file)")
-    publish.add_argument("--file", type=Path, help="read the prefix text from this file")
-    publish.add_argument(
-        "--server", default=env_default("ATRIUM_SERVER_URL", DEFAULT_SERVER), help="server URL"
-    )
-    publish.add_argument(
-        "--admin-token", default=env_default("ATRIUM_ADMIN_TOKEN"), help="(env ATRIUM_ADMIN_TOKEN)"
-    )
+    publish.add_argument("--file", type=Path, help="read the prefix text from this file (UTF-8)")
+    database_flag(publish)
     output_flags(publish)
     publish.set_defaults(func=run_publish)
+
+    listing = commands.add_parser("list", help="published prefixes, oldest first")
+    listing.add_argument("--all", action="store_true", help="unpublished ones too")
+    database_flag(listing)
+    output_flags(listing)
+    listing.set_defaults(func=run_list)
+
+    unpublish = commands.add_parser("unpublish", help="stop publishing a prefix", description=NOTE)
+    unpublish.add_argument("prefix_id", metavar="ID")
+    database_flag(unpublish)
+    output_flags(unpublish)
+    unpublish.set_defaults(func=run_unpublish)

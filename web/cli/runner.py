@@ -21,6 +21,7 @@ from tenants.database import Database
 from tenants.errors import TenantError
 from tenants.key_service import KeyService
 from tenants.price_service import PriceService
+from tenants.public_prefixes import PublicPrefixService
 from tenants.server_secrets import load_key_secret
 from tenants.tenant_service import TenantService
 from tenants.usage_report import UsageReport
@@ -55,6 +56,7 @@ class Services:
     reports: UsageReport
     billing: BillingService
     audit: AuditService
+    public_prefixes: PublicPrefixService
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -81,6 +83,7 @@ async def open_services(settings: Settings) -> Services:
         reports=UsageReport(db),
         billing=BillingService(db, prices),
         audit=AuditService(db),
+        public_prefixes=PublicPrefixService(db),
     )
 
 
