@@ -23,6 +23,7 @@ from litestar.handlers.base import BaseRouteHandler
 from engine.errors import EngineDeadError
 from engine.public_prefix_sync import PrefixEntry, PublicPrefixSync
 from tenants.domain import TenantDomain
+from web.auth_limiter import client_address, limiter_of
 from web.errors import ApiError
 
 if TYPE_CHECKING:
@@ -50,7 +51,12 @@ def _engine_token_guard(
     scheme, _sep, given = connection.headers.get("authorization", "").partition(" ")
     # Bytes: compare_digest refuses non-ASCII strings, and any caller can send them.
     given_bytes = given.strip().encode("utf-8", "backslashreplace")
+    limiter, address = limiter_of(connection), client_address(connection)
+    if limiter is not None:
+        limiter.check(address)  # 429 after too many failures from one address
     if not expected or scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, expected):
+        if limiter is not None:
+            limiter.record_failure(address)
         raise ApiError(
             401,
             "Only engines may read this: send `Authorization: Bearer <engine token>`.",
