@@ -58,11 +58,12 @@ class IncrementalDetokenizer:
 
     def update(self, token_id: int, num_output_tokens: int) -> DetokenizerStep:
         """Account for a new token (the ``num_output_tokens``-th); returns text and finish."""
-        if token_id in self.params.stop_token_ids or token_id in self._eos_token_ids:
+        may_stop = num_output_tokens >= self.params.min_tokens
+        if may_stop and (token_id in self.params.stop_token_ids or token_id in self._eos_token_ids):
             return DetokenizerStep(self.flush(), "stop")
         start = max(0, len(self.text) - self._max_stop_len + 1)
         self.text += self._decode_next(token_id)
-        if self._max_stop_len:
+        if self._max_stop_len and may_stop:
             cut = self._find_stop(start)
             if cut is not None:
                 self.text = self.text[:cut]

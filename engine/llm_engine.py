@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import structlog
@@ -19,9 +20,12 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.fair_share import FairSharePolicy
 from engine.kv_budget import free_memory, size_kv_pool
+from engine.logits_processing import RowState, TokenHistory, process_logits
+from engine.logprobs import gather as gather_logprobs
+from engine.logprobs import take_raw
 from engine.model.loader import LoadedModel
 from engine.model_runner import ModelRunner
-from engine.outputs import GenerateRequest, RequestOutput
+from engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
@@ -40,6 +44,7 @@ from radix_cache.prefix_cache import (
 )
 
 if TYPE_CHECKING:
+    from engine.structured.masks import StepMask
     from engine.structured.runtime import StructuredOutput
 
 log = structlog.get_logger(__name__)
@@ -110,6 +115,9 @@ class LLMEngine:
         self.stats = EngineStats()
         self._requests: dict[str, Request] = {}  # live requests only
         self._pending: list[RequestOutput] = []  # aborts, returned by the next step
+        # Requests waiting for a sibling's prompt to be computed (``prefill_after``), by sibling.
+        self._held: dict[str, list[Request]] = {}
+        self._held_by: dict[str, str] = {}  # held request id -> the sibling it waits for
         self._num_arrivals = 0
         log.info(
             "engine_ready",
@@ -228,9 +236,28 @@ class LLMEngine:
                     self.tokenizer.hf, self.vocab_size, self.eos_token_ids
                 )
             state.grammar = self.structured.state_for(params.grammar, params.ignore_eos)
+        if params.processes_logits:
+            state.history = TokenHistory.of(
+                params, state.prompt_token_ids, self.eos_token_ids, self.vocab_size,
+                self.runner.device,
+            )  # fmt: skip
         self._num_arrivals += 1
         self._requests[request.request_id] = state
-        self.scheduler.add(state)
+        sibling = self._requests.get(request.prefill_after or "")
+        if sibling is not None and sibling.num_computed_tokens < sibling.num_prompt_tokens:
+            self._held.setdefault(sibling.request_id, []).append(state)
+            self._held_by[state.request_id] = sibling.request_id
+        else:
+            self.scheduler.add(state)
+
+    def _release_held(self) -> None:
+        """Queue the requests whose sibling has computed its prompt (or ended)."""
+        for sibling_id in list(self._held):
+            sibling = self._requests.get(sibling_id)
+            if sibling is None or sibling.num_computed_tokens >= sibling.num_prompt_tokens:
+                for request in self._held.pop(sibling_id):
+                    del self._held_by[request.request_id]
+                    self.scheduler.add(request)
 
     def _apply_share(self, request: Request, share: float | None) -> None:
         """Keep the cache's per-tenant cap in step with the tenant's quota as requests bring it."""
@@ -252,6 +279,10 @@ class LLMEngine:
         if not prompt:
             raise InvalidRequestError("the prompt is empty", "prompt")
         request.params.validate()
+        if any(t >= self.vocab_size for t, _ in request.params.logit_bias):
+            raise InvalidRequestError(
+                f"logit_bias token ids must be in [0, {self.vocab_size})", "logit_bias"
+            )
         if any(not 0 <= t < self.vocab_size for t in prompt):
             raise InvalidRequestError(
                 f"prompt token ids must be in [0, {self.vocab_size})", "prompt"
@@ -274,7 +305,15 @@ class LLMEngine:
         request = self._requests.pop(request_id, None)
         if request is None:
             return False
-        self.scheduler.finish(request, "abort")
+        sibling_id = self._held_by.pop(request_id, None)
+        if sibling_id is not None:  # never queued
+            self._held[sibling_id].remove(request)
+            if not self._held[sibling_id]:
+                del self._held[sibling_id]
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = "abort"
+        else:
+            self.scheduler.finish(request, "abort")
         self.stats.num_aborted += 1
         self._pending.append(self._output(request, [], "", "abort"))
         return True
@@ -290,6 +329,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self._held:
+            self._release_held()
         stats = self.stats
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
@@ -317,24 +358,21 @@ class LLMEngine:
         t3 = time.perf_counter()
         stats.forward_s += t3 - t2
         token_ids: list[int] = []
+        row_logprobs: dict[int, TokenLogprob] = {}
         if sampled:
-            params = []
-            generators = []
-            for seq in sampled:  # a drafted decode has a logits row per draft token too
-                rows = 1 + len(seq.draft)
-                params.extend([seq.request.params] * rows)
-                generators.extend([seq.request.generator] * rows)
-            if mask is not None and self.structured is not None:
-                logits = logits.float()
-                self.structured.apply(logits, mask)
-            token_ids = self.sampler(logits, params, generators).token_ids
+            token_ids, row_logprobs = self._sample(sampled, logits, mask)
         t4 = time.perf_counter()
         stats.sample_s += t4 - t3
         new_tokens, rejected = self._verify(sampled, token_ids)
         self._count_tokens(out, seqs, rejected)
         self.scheduler.postprocess(out, rejected)
+        row = 0
         for seq, tokens in zip(sampled, new_tokens, strict=True):
-            outputs.append(self._append_tokens(seq.request, tokens))
+            logprobs = None
+            if seq.request.params.logprobs is not None:
+                logprobs = [row_logprobs[row + j] for j in range(len(tokens))]
+            row += 1 + len(seq.draft)
+            outputs.append(self._append_tokens(seq.request, tokens, logprobs))
         t5 = time.perf_counter()
         stats.postprocess_s += t5 - t4
         stats.num_steps += 1
@@ -342,6 +380,36 @@ class LLMEngine:
         if target is not None:
             target.observe(out.num_decodes, out.num_batched_tokens - out.num_decodes, t5 - t0)
         return outputs
+
+    def _sample(
+        self,
+        sampled: list[ScheduledSeq],
+        logits: torch.Tensor,  # [num_rows, vocab_size]
+        mask: Future[StepMask] | None = None,
+    ) -> tuple[list[int], dict[int, TokenLogprob]]:
+        """Tokens for every logits row (a drafted decode has a row per draft token too), and the
+        logprobs of the rows whose request asked for them."""
+        params = []
+        generators = []
+        states = []
+        for seq in sampled:
+            request = seq.request
+            rows = 1 + len(seq.draft)
+            params.extend([request.params] * rows)
+            generators.extend([request.generator] * rows)
+            if request.history is not None:  # never drafted (engine/speculative.py)
+                states.append(RowState(request.params, request.history, request.num_output_tokens))
+            else:
+                states.extend([RowState(request.params, None, 0)] * rows)
+        raw = take_raw(logits, [p.logprobs for p in params])
+        if mask is not None and self.structured is not None:  # after the raw logprobs
+            logits = logits.float()
+            self.structured.apply(logits, mask)
+        logits = process_logits(logits, states)
+        chosen = self.sampler(logits, params, generators).token_ids
+        if raw is None:
+            return chosen, {}
+        return chosen, gather_logprobs(raw, torch.tensor(chosen))
 
     def _check_isolation(self, seq: ScheduledSeq, outputs: list[RequestOutput]) -> bool:
         request = seq.request
@@ -398,7 +466,9 @@ class LLMEngine:
             ):
                 self.stats.num_cached_tokens += request.num_cached_tokens
 
-    def _append_tokens(self, request: Request, token_ids: list[int]) -> RequestOutput:
+    def _append_tokens(
+        self, request: Request, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> RequestOutput:
         """Append a step's tokens (more than one when a draft was accepted) until one ends the
         request; one output carries them all."""
         detokenizer = request.detokenizer
@@ -423,11 +493,16 @@ class LLMEngine:
                 text += detokenizer.flush()
             if reason is not None:
                 break
+        if logprobs is not None:
+            logprobs = logprobs[: len(appended)]
         if reason is None:
-            return self._output(request, appended, text, None)
-        # Accepted draft tokens after the end have KV but are not the request's tokens.
-        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
-        return self._finish(request, appended, reason, text=text)
+            output = self._output(request, appended, text, None)
+        else:
+            # Accepted draft tokens after the end have KV but are not the request's tokens.
+            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
+            output = self._finish(request, appended, reason, text=text)
+        output.logprobs = logprobs
+        return output
 
     def _finish(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.sampling_params import SamplingParams
 
@@ -23,6 +24,17 @@ class GenerateRequest:
     # Requests the caller has accepted after this one and will hand over shortly (a burst): an
     # idle engine waits briefly for them so that its first step takes them together.
     num_following: int = 0
+    # Another live request with the same prompt (a sibling of ``n`` > 1): this one waits until
+    # that one's prompt is computed, then finds the prompt's full pages in the prefix cache.
+    prefill_after: str | None = None
+
+
+class TokenLogprob(NamedTuple):
+    """A generated token's log-probability under the model's raw distribution (engine/logprobs)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the k most likely tokens and logprobs, best first
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +62,4 @@ class RequestOutput:
     error: str | None = None
     # With ``publish``: prompt tokens kept as a public prefix; with ``unpublish``: released.
     num_published_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per new token when the request asked

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.detokenizer import IncrementalDetokenizer
+    from engine.logits_processing import TokenHistory
     from engine.speculative import DraftState
     from engine.structured.state import GrammarState
 
@@ -57,6 +58,7 @@ class Request:
     detokenizer: IncrementalDetokenizer | None = None
     draft_state: DraftState | None = None  # n-gram drafting (engine/speculative.py)
     grammar: GrammarState | None = None  # structured output (engine/structured/)
+    history: TokenHistory | None = None  # penalties, bias, min_tokens (engine/logits_processing)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -90,6 +92,8 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.history is not None:
+            self.history.append(token_id)
 
 
 def owner_tag(request_id: str) -> str:

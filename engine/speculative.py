@@ -50,9 +50,11 @@ class NgramDrafter:
 
     def propose(self, request: Request, limit: int) -> list[int]:
         """Draft tokens to follow ``request.all_token_ids`` (none when nothing matches), at most
-        ``limit`` of them; greedy requests only."""
+        ``limit`` of them; greedy requests whose logits are not changed before sampling
+        (penalties depend on the tokens before each row) only."""
         limit = min(limit, self.num_tokens)
-        if limit <= 0 or not request.params.is_greedy:
+        params = request.params
+        if limit <= 0 or not params.is_greedy or params.processes_logits:
             return []
         state = request.draft_state
         if state is None:
