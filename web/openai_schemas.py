@@ -11,11 +11,12 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from web.errors import bad_request
 from web.json_body import decode_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 16  # choices per prompt
 _AT_PATH = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
@@ -35,6 +36,7 @@ class ChatMessage(msgspec.Struct):
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # extension (as in vLLM): usage in every chunk
 
 
 class _GenerationFields(msgspec.Struct, kw_only=True):
@@ -53,15 +55,28 @@ class _GenerationFields(msgspec.Struct, kw_only=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # extension (as in vLLM)
+    logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = None  # extension (as in vLLM)
+    include_stop_str_in_output: bool | None = None  # extension (as in vLLM)
+    min_tokens: int | None = None  # extension (as in vLLM)
 
 
 class ChatCompletionRequest(_GenerationFields, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(_GenerationFields, kw_only=True):
-    prompt: str
+    # A string, strings, token ids, or lists of token ids: one choice (times n) per prompt.
+    prompt: str | list[str | int | list[int]]
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
 
 
 def decode_body(body: bytes, type_: type[T]) -> T:
@@ -93,6 +108,31 @@ class Usage(msgspec.Struct):
         return cls(prompt, completion, prompt + completion, PromptTokensDetails(cached))
 
 
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
+class CompletionLogprobs(msgspec.Struct):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class AssistantMessage(msgspec.Struct):
     role: Literal["assistant"]
     content: str
@@ -102,7 +142,7 @@ class ChatChoice(msgspec.Struct):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(msgspec.Struct):
@@ -123,7 +163,7 @@ class ChatChunkChoice(msgspec.Struct):
     index: int
     delta: Delta
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -139,7 +179,7 @@ class TextChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class TextCompletion(msgspec.Struct):
@@ -190,9 +230,13 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
     return rendered
 
 
-def check_n(n: int | None) -> None:
-    if n is not None and n != 1:
-        raise bad_request("n > 1 is unsupported: only one choice per request (n=1)", "n")
+def check_n(n: int | None) -> int:
+    """The number of choices per prompt (1 to ``MAX_N``)."""
+    if n is None:
+        return 1
+    if not 1 <= n <= MAX_N:
+        raise bad_request(f"n must be between 1 and {MAX_N}", "n")
+    return n
 
 
 def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -214,8 +258,46 @@ def sampling_params(
         seed=request.seed,
         stop=stop_strings(request.stop),
         ignore_eos=bool(request.ignore_eos),
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        repetition_penalty=1.0
+        if request.repetition_penalty is None
+        else request.repetition_penalty,
+        logit_bias=logit_bias(request.logit_bias),
+        stop_token_ids=tuple(request.stop_token_ids or ()),
+        include_stop_str_in_output=bool(request.include_stop_str_in_output),
+        min_tokens=request.min_tokens or 0,
+        logprobs=num_logprobs(request),
     )
+
+
+def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token ids (as strings) to biases; a key that is not an id is a 400."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.strip().isdigit():
+            raise bad_request(f"logit_bias keys must be token ids, not {key[:40]!r}", "logit_bias")
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
+
+
+def num_logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """Alternatives per token the request asks for (None: no logprobs at all)."""
+    if isinstance(request, CompletionRequest):
+        return request.logprobs
+    if not request.logprobs:
+        if request.top_logprobs is not None:
+            raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+        return None
+    top = request.top_logprobs or 0
+    if not 0 <= top <= MAX_LOGPROBS:
+        raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", "top_logprobs")
+    return top
 
 
 def include_usage(request: ChatCompletionRequest | CompletionRequest) -> bool:
     return bool(request.stream_options and request.stream_options.include_usage)
+
+
+def continuous_usage(request: ChatCompletionRequest | CompletionRequest) -> bool:
+    return bool(request.stream_options and request.stream_options.continuous_usage_stats)

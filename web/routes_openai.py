@@ -13,9 +13,17 @@ from litestar.response import Stream
 from engine.outputs import RequestOutput
 from tenants.errors import InvalidKeyError
 from web import openai_schemas as schemas
-from web import sse
+from web import routes_tokens, sse
 from web.auth_limiter import client_address, limiter_of
 from web.errors import ApiError
+from web.openai_choices import (
+    check_completion_options,
+    collect,
+    echo_texts,
+    prompt_token_ids,
+)
+from web.openai_logprobs import TokenNames, chat_logprobs, completion_logprobs
+from web.request_fields import CHAT, COMPLETION, decode_request
 from web.service_generation import GenerationService, Job
 from web.tenancy import Principal, Tenancy
 
@@ -72,11 +80,7 @@ async def _full_text(
     service: GenerationService, job: Job, first: RequestOutput, rest: AsyncIterator[RequestOutput]
 ) -> str:
     """The whole answer of a non-streamed request, once its usage is recorded."""
-    text = [first.text]
-    if not first.finished:
-        text.extend([out.text async for out in rest])
-    await service.wait_recorded(job)
-    return "".join(text)
+    return (await collect(service, job, first, rest))[0].text
 
 
 def _headers(job: Job) -> dict[str, str]:
@@ -96,9 +100,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
         principal = await _authenticate(request, INFERENCE)
-        body = schemas.decode_body(await request.body(), schemas.ChatCompletionRequest)
+        body = decode_request(await request.body(), schemas.ChatCompletionRequest, CHAT)
         service.check_model(body.model, principal)
-        schemas.check_n(body.n)
+        n = schemas.check_n(body.n)
         messages = schemas.chat_messages(body)
         service.check_open()
         prompt_ids = await service.tokenize_chat(messages)
@@ -109,8 +113,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
                            param=param)  # fmt: skip
         max_tokens = service.resolve_max_tokens(len(prompt_ids), requested, "messages")
         params = schemas.sampling_params(body, max_tokens)
-        job = await service.admit(
-            principal, "chat", _new_request_id("chatcmpl"), prompt_ids, params
+        job = await service.admit_choices(
+            principal, "chat", _new_request_id("chatcmpl"), [(prompt_ids, params)], n
         )
     outputs = service.outputs(job)
     first = await _first(outputs)
@@ -122,13 +126,22 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             first=first,
             rest=outputs,
             include_usage=schemas.include_usage(body),
+            continuous_usage=schemas.continuous_usage(body),
         )
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
-    content = await _full_text(service, job, first, outputs)
-    message = schemas.AssistantMessage(role="assistant", content=content)
-    choice = schemas.ChatChoice(index=0, message=message, finish_reason=job.finish_reason)
+    answers = await collect(service, job, first, outputs)
+    names = TokenNames(service.runtime.tokenizer)
+    choices = [
+        schemas.ChatChoice(
+            index=answer.index,
+            message=schemas.AssistantMessage(role="assistant", content=answer.text),
+            finish_reason=answer.finish_reason,
+            logprobs=None if answer.logprobs is None else chat_logprobs(names, answer.logprobs),
+        )
+        for answer in answers
+    ]
     result = schemas.ChatCompletion(
-        job.request_id, job.created, body.model, [choice], sse.usage_of(job)
+        job.request_id, job.created, body.model, choices, sse.usage_of(job)
     )
     return Response(result, headers=_headers(job))
 
@@ -138,18 +151,18 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
         principal = await _authenticate(request, INFERENCE)
-        body = schemas.decode_body(await request.body(), schemas.CompletionRequest)
+        body = decode_request(await request.body(), schemas.CompletionRequest, COMPLETION)
         service.check_model(body.model, principal)
-        schemas.check_n(body.n)
+        n = check_completion_options(body)
         service.check_open()
-        prompt_ids = await service.tokenize_text(body.prompt)
-        if not prompt_ids:
-            raise ApiError(400, "prompt must not be empty", code="invalid_request", param="prompt")
-        max_tokens = service.resolve_max_tokens(len(prompt_ids), body.max_tokens, "prompt")
-        params = schemas.sampling_params(body, max_tokens)
-        job = await service.admit(
-            principal, "completion", _new_request_id("cmpl"), prompt_ids, params
+        prompts = []
+        for ids in await prompt_token_ids(service, body.prompt):
+            max_tokens = service.resolve_max_tokens(len(ids), body.max_tokens, "prompt")
+            prompts.append((ids, schemas.sampling_params(body, max_tokens)))
+        job = await service.admit_choices(
+            principal, "completion", _new_request_id("cmpl"), prompts, n
         )
+        echo = await echo_texts(service, job) if body.echo else None
     outputs = service.outputs(job)
     first = await _first(outputs)
     if body.stream:
@@ -160,14 +173,24 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
             first=first,
             rest=outputs,
             include_usage=schemas.include_usage(body),
+            continuous_usage=schemas.continuous_usage(body),
+            echo=echo,
         )
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
-    text = await _full_text(service, job, first, outputs)
-    choice = schemas.TextChoice(index=0, text=text, finish_reason=job.finish_reason)
+    answers = await collect(service, job, first, outputs)
+    names = TokenNames(service.runtime.tokenizer)
+    choices = []
+    for answer in answers:
+        prefix = (echo or {}).get(answer.index, "")
+        logprobs = None
+        if answer.logprobs is not None:
+            logprobs = completion_logprobs(names, answer.logprobs, len(prefix))
+        text = prefix + answer.text
+        choices.append(schemas.TextChoice(answer.index, text, answer.finish_reason, logprobs))
     result = schemas.TextCompletion(
-        job.request_id, job.created, body.model, [choice], sse.usage_of(job)
+        job.request_id, job.created, body.model, choices, sse.usage_of(job)
     )
     return Response(result, headers=_headers(job))
 
 
-ROUTES = [list_models, chat_completions, completions]
+ROUTES = [list_models, chat_completions, completions, *routes_tokens.ROUTES]

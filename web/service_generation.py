@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -34,6 +34,8 @@ class TokenizerLike(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class GenerationEngine(Protocol):
@@ -62,8 +64,26 @@ class ModelRuntime:
 
 
 @dataclass(slots=True)
+class Choice:
+    """One sequence of a job: a prompt's ``n``-th answer, run as its own engine request."""
+
+    index: int  # the choice's index in the answer
+    request_id: str  # the engine's request id
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prefill_after: str | None = None  # the sibling whose computed prompt this one reuses
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
 class Job:
-    """One admitted generation and what it has produced so far."""
+    """One admitted generation (one or more choices) and what it has produced so far.
+
+    Usage counts each distinct prompt once (its first choice computes it, its siblings reuse
+    its pages) and every choice's completion tokens.
+    """
 
     request_id: str
     endpoint: str
@@ -81,10 +101,24 @@ class Job:
     completion_tokens: int = 0
     finish_reason: str | None = None
     usage_task: asyncio.Task[None] | None = None
+    choices: list[Choice] = field(default_factory=list)
+    _by_id: dict[str, Choice] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            self.choices = [Choice(0, self.request_id, self.prompt_token_ids, self.params)]
+        self._by_id = {choice.request_id: choice for choice in self.choices}
 
     @property
     def tenant_id(self) -> str:
         return self.ticket.principal.tenant_id
+
+    def choice_of(self, output: RequestOutput) -> Choice:
+        return self._by_id[output.request_id]
+
+    @property
+    def done(self) -> bool:
+        return all(choice.finish_reason is not None for choice in self.choices)
 
 
 class GenerationService:
@@ -186,51 +220,75 @@ class GenerationService:
         prompt_token_ids: list[int],
         params: SamplingParams,
     ) -> Job:
+        return await self.admit_choices(
+            principal, endpoint, request_id, [(prompt_token_ids, params)]
+        )
+
+    async def admit_choices(
+        self,
+        principal: Principal,
+        endpoint: str,
+        request_id: str,
+        prompts: list[tuple[list[int], SamplingParams]],
+        n: int = 1,
+    ) -> Job:
+        """Admit ``n`` choices of each prompt as one request: quotas see every prompt once and
+        ``n`` times its max_tokens; a prompt's later choices wait for its first to compute it."""
         self.check_open()
-        params.validate()
+        for _, params in prompts:
+            params.validate()
+        choices = _choices(request_id, prompts, n)
+        num_prompt_tokens = sum(len(ids) for ids, _ in prompts)
+        max_tokens = sum(choice.params.max_tokens for choice in choices)
         async with self.admission_gate.hold(principal.tenant_id, principal.weight):
             ticket = await self.tenancy.admit(
-                principal,
-                request_id,
-                len(prompt_token_ids),
-                params.max_tokens,
-                model=self.runtime.name,
+                principal, request_id, num_prompt_tokens, max_tokens, model=self.runtime.name
             )
         spans = RequestSpans(
             self.tracer,
             f"generate {endpoint}",
             {"atrium.request_id": request_id, "atrium.tenant_id": principal.tenant_id},
         )
-        job = Job(request_id, endpoint, prompt_token_ids, params, ticket, spans)
-        job.prompt_tokens = len(prompt_token_ids)
+        first_ids, first_params = prompts[0]
+        job = Job(request_id, endpoint, first_ids, first_params, ticket, spans, choices=choices)
+        job.prompt_tokens = num_prompt_tokens
         self.active[request_id] = job
         self.metrics.in_flight.inc()
         return job
 
-    async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for ``job``; however this ends, the job is finalized once."""
+    def _engine_request(self, job: Job, choice: Choice) -> GenerateRequest:
         principal = job.ticket.principal
-        request = GenerateRequest(
-            request_id=job.request_id,
-            prompt_token_ids=job.prompt_token_ids,
-            params=job.params,
+        return GenerateRequest(
+            request_id=choice.request_id,
+            prompt_token_ids=choice.prompt_token_ids,
+            params=choice.params,
             tenant_id=principal.tenant_id,
             tenant_weight=principal.weight,
             allow_public_prefix=principal.allow_public_prefix,
             kv_cache_share=principal.kv_cache_share,
-            num_following=self.num_arriving,
+            num_following=self.num_arriving + len(job.choices) - 1 - choice.index,
+            prefill_after=choice.prefill_after,
         )
+
+    async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for all of ``job``'s choices (``job.choice_of`` tells whose),
+        until every choice is finished; however this ends, the job is finalized once."""
         status = "error"
         received = False
+        merged = self._merged(job)
         try:
-            async for out in self.runtime.engine.generate(request):
+            async for out in merged:
                 received = True
                 self._account(job, out)
                 if out.finished:
-                    job.finish_reason = out.finish_reason
-                    status = "error" if out.finish_reason == "error" else "ok"
+                    job.choice_of(out).finish_reason = out.finish_reason
+                    job.finish_reason = job.choices[0].finish_reason
+                    if job.done:
+                        failed = any(c.finish_reason == "error" for c in job.choices)
+                        status = "error" if failed else "ok"
                 yield out
-                if out.finished:
+                if job.done:
+                    await merged.aclose()
                     return
         except (asyncio.CancelledError, GeneratorExit):
             status = "disconnect"
@@ -241,16 +299,49 @@ class GenerationService:
                 job.prompt_tokens = job.cached_tokens = job.completion_tokens = 0
             raise
         finally:
-            if job.finish_reason is None:
-                self._spawn(self._maybe_await(self.runtime.engine.abort(job.request_id)))
+            for choice in job.choices:
+                if choice.finish_reason is None:
+                    abort = self.runtime.engine.abort(choice.request_id)
+                    self._spawn(self._maybe_await(abort))
             self._finalize(job, status)
+
+    async def _merged(self, job: Job) -> AsyncGenerator[RequestOutput, None]:
+        """One engine stream per choice, interleaved as outputs arrive (submitted in order, so
+        a prompt's first choice reaches the engine before the siblings that wait for it)."""
+        engine = self.runtime.engine
+        if len(job.choices) == 1:
+            async for out in engine.generate(self._engine_request(job, job.choices[0])):
+                yield out
+            return
+        queue: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
+
+        async def pump(choice: Choice) -> None:
+            try:
+                async for out in engine.generate(self._engine_request(job, choice)):
+                    await queue.put(out)
+            except Exception as exc:  # handed to the consumer, which raises it
+                await queue.put(exc)
+            await queue.put(None)
+
+        tasks = [asyncio.create_task(pump(choice)) for choice in job.choices]
+        try:
+            for _ in range(len(tasks)):
+                while (item := await queue.get()) is not None:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _account(self, job: Job, out: RequestOutput) -> None:
         now = time.monotonic()
-        if out.num_prompt_tokens:
-            job.prompt_tokens = out.num_prompt_tokens
-        job.cached_tokens = max(job.cached_tokens, out.num_cached_tokens)
-        new_tokens = out.num_output_tokens - job.completion_tokens
+        choice = job.choice_of(out)
+        choice.cached_tokens = max(choice.cached_tokens, out.num_cached_tokens)
+        # Each prompt once: its siblings' cached tokens are the pages its first choice computed.
+        job.cached_tokens = sum(c.cached_tokens for c in job.choices if c.prefill_after is None)
+        new_tokens = out.num_output_tokens - choice.completion_tokens
         if new_tokens > 0:
             if job.first_token_at is None:
                 job.first_token_at = now
@@ -259,7 +350,8 @@ class GenerationService:
             elif job.last_token_at is not None:
                 self.metrics.itl.observe((now - job.last_token_at) / new_tokens)
             job.last_token_at = now
-            job.completion_tokens = out.num_output_tokens
+            choice.completion_tokens = out.num_output_tokens
+            job.completion_tokens = sum(c.completion_tokens for c in job.choices)
 
     def _finalize(self, job: Job, status: str) -> None:
         """Close the books on ``job`` without awaiting (this may run inside a cancellation)."""
@@ -326,3 +418,25 @@ class GenerationService:
             await asyncio.sleep(0.05)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5.0)
+
+
+def _choices(
+    request_id: str, prompts: list[tuple[list[int], SamplingParams]], n: int
+) -> list[Choice]:
+    """``n`` choices per prompt, indexed prompt-major as OpenAI numbers them; a seeded request's
+    later choices take the next seeds, so they differ from each other yet stay reproducible."""
+    single = len(prompts) == 1 and n == 1
+    choices: list[Choice] = []
+    for ids, params in prompts:
+        first: str | None = None
+        for j in range(n):
+            index = len(choices)
+            engine_id = request_id if single else f"{request_id}-{index}"
+            seeded = (
+                params
+                if j == 0 or params.seed is None
+                else replace(params, seed=(params.seed + j) % 2**63)
+            )
+            choices.append(Choice(index, engine_id, ids, seeded, prefill_after=first))
+            first = first or engine_id
+    return choices

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
 
 from engine.outputs import RequestOutput
 from web.errors import ERROR_TYPES
+from web.openai_logprobs import TokenNames, chat_logprobs, completion_logprobs
 from web.openai_schemas import (
     ChatChunkChoice,
     ChatCompletionChunk,
+    ChatLogprobs,
+    CompletionLogprobs,
     Delta,
     TextChoice,
     TextCompletion,
@@ -38,10 +41,10 @@ def error_frame(message: str) -> bytes:
 
 
 async def _outputs(
-    first: RequestOutput, rest: AsyncIterator[RequestOutput]
+    job: Job, first: RequestOutput, rest: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[RequestOutput]:
     yield first
-    if not first.finished:
+    if not job.done:  # one choice's end is not the answer's while another is running
         async for out in rest:
             yield out
 
@@ -54,22 +57,39 @@ async def chat_events(
     first: RequestOutput,
     rest: AsyncIterator[RequestOutput],
     include_usage: bool,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Chunks of ``chat.completion.chunk``: the role first, text deltas, the finish reason."""
+    """Chunks of ``chat.completion.chunk``: each choice's role first, then text deltas (with
+    their tokens' logprobs when asked) and each choice's finish reason.
 
-    def chunk(delta: Delta, finish_reason: str | None = None) -> bytes:
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason)
-        return frame(ChatCompletionChunk(job.request_id, job.created, model, [choice]))
+    With ``continuous_usage`` (vLLM's ``stream_options.continuous_usage_stats``) every chunk
+    carries the usage so far, so a reader cut off mid-stream knows what it was sent.
+    """
 
-    yield chunk(Delta(role="assistant", content=""))
-    async for out in _outputs(first, rest):
-        if out.text:
-            yield chunk(Delta(content=out.text))
+    names = TokenNames(service.runtime.tokenizer)
+
+    def chunk(
+        index: int,
+        delta: Delta,
+        finish_reason: str | None = None,
+        logprobs: ChatLogprobs | None = None,
+    ) -> bytes:
+        choice = ChatChunkChoice(index, delta, finish_reason, logprobs)
+        usage = usage_of(job) if continuous_usage else None
+        return frame(ChatCompletionChunk(job.request_id, job.created, model, [choice], usage))
+
+    for choice in job.choices:
+        yield chunk(choice.index, Delta(role="assistant", content=""))
+    async for out in _outputs(job, first, rest):
+        index = job.choice_of(out).index
+        logprobs = chat_logprobs(names, out.logprobs) if out.logprobs else None
+        if out.text or logprobs is not None:
+            yield chunk(index, Delta(content=out.text), logprobs=logprobs)
         if out.finished:
             if out.finish_reason == "error":
                 yield error_frame(out.error or "generation failed")
             else:
-                yield chunk(Delta(), out.finish_reason)
+                yield chunk(index, Delta(), out.finish_reason)
     if include_usage:
         yield frame(ChatCompletionChunk(job.request_id, job.created, model, [], usage_of(job)))
     await service.wait_recorded(job)
@@ -84,21 +104,40 @@ async def completion_events(
     first: RequestOutput,
     rest: AsyncIterator[RequestOutput],
     include_usage: bool,
+    continuous_usage: bool = False,
+    echo: Mapping[int, str] | None = None,
 ) -> AsyncIterator[bytes]:
-    """Chunks of ``text_completion``: text deltas, then an empty one with the finish reason."""
+    """Chunks of ``text_completion``: text deltas (after the prompt's text, by choice index,
+    with ``echo``; with their tokens' logprobs when asked), then an empty one with each
+    choice's finish reason (with ``continuous_usage``, each with the usage so far)."""
+    names = TokenNames(service.runtime.tokenizer)
+    offsets = {choice.index: 0 for choice in job.choices}  # characters sent per choice
 
-    def chunk(text: str, finish_reason: str | None = None) -> bytes:
-        choice = TextChoice(index=0, text=text, finish_reason=finish_reason)
-        return frame(TextCompletion(job.request_id, job.created, model, [choice]))
+    def chunk(
+        index: int,
+        text: str,
+        finish_reason: str | None = None,
+        logprobs: CompletionLogprobs | None = None,
+    ) -> bytes:
+        offsets[index] += len(text)
+        choice = TextChoice(index, text, finish_reason, logprobs)
+        usage = usage_of(job) if continuous_usage else None
+        return frame(TextCompletion(job.request_id, job.created, model, [choice], usage))
 
-    async for out in _outputs(first, rest):
-        if out.text:
-            yield chunk(out.text)
+    for index, text in (echo or {}).items():
+        yield chunk(index, text)
+    async for out in _outputs(job, first, rest):
+        index = job.choice_of(out).index
+        logprobs = None
+        if out.logprobs:
+            logprobs = completion_logprobs(names, out.logprobs, offsets[index])
+        if out.text or logprobs is not None:
+            yield chunk(index, out.text, logprobs=logprobs)
         if out.finished:
             if out.finish_reason == "error":
                 yield error_frame(out.error or "generation failed")
             else:
-                yield chunk("", out.finish_reason)
+                yield chunk(index, "", out.finish_reason)
     if include_usage:
         yield frame(TextCompletion(job.request_id, job.created, model, [], usage_of(job)))
     await service.wait_recorded(job)

@@ -56,7 +56,7 @@ def assert_error(response: Any, status: int, param: str | None = None) -> dict[s
         ({"model": MODEL, "messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
         ({"model": MODEL, "messages": USER, "temperature": 3}, "temperature"),
         ({"model": MODEL, "messages": USER, "top_p": 1.5}, "top_p"),
-        ({"model": MODEL, "messages": USER, "n": 2}, "n"),
+        ({"model": MODEL, "messages": USER, "n": 0}, "n"),
         ({"model": MODEL, "messages": USER, "stop": [""]}, "stop"),
         ({"model": MODEL, "messages": USER, "seed": "x"}, "seed"),
     ],

@@ -7,6 +7,7 @@ import pytest
 from engine.errors import InvalidRequestError
 from web.errors import ApiError
 from web.openai_schemas import (
+    MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
@@ -80,11 +81,12 @@ def test_bad_messages_are_rejected(messages: bytes, param: str) -> None:
     assert info.value.param == param
 
 
-def test_n_other_than_one_is_unsupported() -> None:
-    check_n(None)
-    check_n(1)
-    with pytest.raises(ApiError, match="n > 1 is unsupported"):
-        check_n(2)
+def test_n_is_between_one_and_the_limit() -> None:
+    assert (check_n(None), check_n(1), check_n(MAX_N)) == (1, 1, MAX_N)
+    for n in (0, -1, MAX_N + 1):
+        with pytest.raises(ApiError) as info:
+            check_n(n)
+        assert info.value.param == "n"
 
 
 def test_sampling_defaults_follow_openai() -> None:
