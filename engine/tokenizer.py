@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -59,7 +60,10 @@ class Tokenizer:
         return text if isinstance(text, str) else "".join(text)
 
     def render_chat(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The chat template rendered as text (special tokens included literally).
 
@@ -70,7 +74,10 @@ class Tokenizer:
             raise InvalidRequestError("this model has no chat template", param="messages")
         try:
             text = self.hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                tools=None if tools is None else list[Any](tools),
             )
         except Exception as exc:
             raise InvalidRequestError(
@@ -79,7 +86,11 @@ class Tokenizer:
         return str(text)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Token ids of the rendered chat; the template itself places any BOS token."""
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        """Token ids of the rendered chat (``tools`` for a template that shows them); the
+        template itself places any BOS token."""
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools))
