@@ -125,3 +125,21 @@ async def follow_public_prefixes(
     finally:
         if own:
             await http.aclose()
+
+
+def start_following(
+    engine: object, gateway_url: str | None, engine_token: str | None, poll_s: float = 5.0
+) -> asyncio.Task[None] | None:
+    """For the engine role: follow ``gateway_url``'s published prefixes in a background task
+    (cancel it to stop), or None when no gateway is named or the engine is not in this process
+    tree. Call it from the running event loop, once the engine has started."""
+    from web.prefix_delivery import local_engine
+
+    client = local_engine(engine)
+    if not gateway_url or not engine_token or client is None:
+        return None
+    log.info("public_prefixes_followed", gateway_url=gateway_url, poll_s=poll_s)
+    return asyncio.create_task(
+        follow_public_prefixes(client, gateway_url, engine_token, poll_s=poll_s),
+        name="atrium-public-prefix-feed",
+    )
