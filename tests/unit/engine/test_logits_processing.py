@@ -150,6 +150,9 @@ def test_sibling_waits_and_reuses_the_prompt_pages(tiny: LoadedModel) -> None:
     assert outputs["n0"][-1].num_cached_tokens == 0
     assert [outputs[f"n{i}"][-1].num_cached_tokens for i in (1, 2)] == [48, 48]
     assert engine.stats.num_prefill_tokens == 50 + 2 * 2  # the prompt once, then 2 tokens each
+    # Fair share sees the real work: 54 prompt tokens computed, 96 reused (0.1 each) and 3 decode
+    # steps per choice (2 each; the first token comes with the prefill).
+    assert engine.scheduler.policy.service("default") == pytest.approx(54 + 0.1 * 96 + 2 * 9)
     assert len({tuple(tokens(outputs[f"n{i}"])) for i in range(3)}) > 1
 
 
