@@ -297,7 +297,24 @@ class GenerationService:
             if not received:  # refused before computing anything: recorded, never billed
                 status = "rejected" if isinstance(error, InvalidRequestError) else "unavailable"
                 job.prompt_tokens = job.cached_tokens = job.completion_tokens = 0
-            raise
+                raise
+            # Mid-answer (a lost engine connection): the answer so far stands and is metered;
+            # each unfinished choice ends as an engine death ends it, with an error output.
+            status = "error"
+            for choice in job.choices:
+                if choice.finish_reason is None:
+                    abort = self.runtime.engine.abort(choice.request_id)
+                    self._spawn(self._maybe_await(abort))
+                    choice.finish_reason = "error"
+                    yield RequestOutput(
+                        choice.request_id,
+                        finished=True,
+                        finish_reason="error",
+                        error=str(error),
+                        num_prompt_tokens=len(choice.prompt_token_ids),
+                        num_output_tokens=choice.completion_tokens,
+                    )
+            job.finish_reason = job.choices[0].finish_reason
         finally:
             for choice in job.choices:
                 if choice.finish_reason is None:
