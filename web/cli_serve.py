@@ -17,7 +17,7 @@ import structlog
 import uvicorn
 from litestar import Litestar
 
-from web.app import create_app
+from web.engine_api import app_for_role
 from web.logging import configure_logging
 from web.server_protocol import guarded_protocol
 from web.settings import Settings, SettingsError
@@ -63,6 +63,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
     parser.add_argument("--model", default=None, help="'default' or a model dir / .gguf file")
     parser.add_argument(
+        "--served-model-name",
+        dest="served_model_name",
+        default=None,
+        help="the name /v1/models shows and requests use (default: the model's own name)",
+    )
+    parser.add_argument(
         "--dtype",
         default=None,
         choices=["auto", "bfloat16", "float16", "float32"],
@@ -107,6 +113,19 @@ def register(subparsers: Any) -> None:
         default=None,
         help="share of free memory for the KV cache (default 0.25 on CPU, 0.9 on CUDA)",
     )
+    parser.add_argument(
+        "--role",
+        default=None,
+        choices=["all", "engine", "gateway"],
+        help="all (default): gateway and engine; engine: the model server gateways call "
+        "(needs ATRIUM_ENGINE_TOKEN); gateway: tenant-facing, generation at --engine-url",
+    )
+    parser.add_argument(
+        "--engine-url",
+        dest="engine_url",
+        default=None,
+        help="gateway role: the router (or one engine) to send generation to",
+    )
     parser.set_defaults(func=run_serve)
 
 
@@ -118,10 +137,16 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"atrium serve: {exc}")
         return 2
     configure_logging(settings.log_level)
-    app = create_app(settings)
+    app = app_for_role(settings)
     config = server_config(app, settings)
     server = DrainingServer(config, app, settings.drain_grace_s)
-    log.info("serve_starting", host=settings.host, port=settings.port, model=settings.model)
+    log.info(
+        "serve_starting",
+        host=settings.host,
+        port=settings.port,
+        model=settings.model,
+        role=settings.role,
+    )
     server.run()
     return 0 if server.started else 1
 

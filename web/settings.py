@@ -24,6 +24,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "default"
+    # The name /v1/models shows and requests use (None: the model file's or folder's name).
+    served_model_name: str | None = None
     # auto: bfloat16 on CUDA and on CPUs with native bfloat16 products, else float32.
     dtype: str = "auto"
     device: str = "auto"
@@ -78,10 +80,23 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     torch_threads: int | None = None
     # Run the engine's step loop in a child process (True) or on a thread of the gateway.
     engine_process: bool = True
+    # Scale-out: "all" (gateway and engine in one process tree), "engine" (the model-server
+    # API that gateways call) or "gateway" (tenant-facing; generation goes to engine_url, a
+    # router or one engine). Both split roles share engine_token, which engines require.
+    role: str = "all"
+    engine_url: str | None = None
+    engine_token: str | None = None
+    # A gateway gives up on an engine that does not accept a connection within
+    # engine_connect_timeout_s, or sends nothing for engine_read_timeout_s (first token included).
+    engine_connect_timeout_s: float = 2.0
+    engine_read_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError("port must be between 0 and 65535")
+        name = self.served_model_name
+        if name is not None and not (0 < len(name) <= 256 and name.isprintable()):
+            raise SettingsError("served_model_name must be 1 to 256 printable characters")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise SettingsError("dtype must be auto, bfloat16, float16 or float32")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -118,8 +133,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError("keep_alive_timeout_s must be positive")
         if self.max_connections < 0:
             raise SettingsError("max_connections must not be negative")
+        self._check_role()
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
+
+    def _check_role(self) -> None:
+        if self.role not in ("all", "engine", "gateway"):
+            raise SettingsError("role must be all, engine or gateway")
+        if self.role != "all" and not self.engine_token:
+            raise SettingsError(f"the {self.role} role needs ATRIUM_ENGINE_TOKEN")
+        if self.role == "gateway" and not self.engine_url:
+            raise SettingsError("the gateway role needs --engine-url (ATRIUM_ENGINE_URL)")
+        if self.engine_url is not None and not self.engine_url.startswith(("http://", "https://")):
+            raise SettingsError("engine_url must be an http:// or https:// URL")
+        for name in ("engine_connect_timeout_s", "engine_read_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise SettingsError(f"{name} must be positive")
 
     @property
     def engine_target_tpot_ms(self) -> float | Literal["auto"] | None:

@@ -1,0 +1,241 @@
+"""Atrium scaled out on loopback: two engine servers behind the smg router, two gateways on one
+PostgreSQL, driven with the official `openai` client. Prefix reuse stays per tenant across the
+router's placement, quotas hold across gateways, and an engine killed mid-stream is metered once
+for what it delivered while the other engine serves what follows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from sqlalchemy import select
+
+from bench.cluster import (
+    router_binary,
+    start_engine,
+    start_gateway,
+    start_router,
+    wait_all,
+    wait_workers,
+)
+from bench.servers import Server, stop
+from engine.tokenizer import Tokenizer
+from tenants import Database
+from tenants.models import UsageEventRow
+from tenants.schemas import Quotas
+from tests.integration.pg_gateway import ADMIN_TOKEN, create_tenant, migrated_database, read_books
+from tests.support.postgres import pg_url
+from tests.support.serve import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
+
+TOKEN = "cluster-engine-token-0123456789"
+LONG = "Our shared policy text: answer briefly, cite sources, never guess. " * 6
+MAX_TOKENS_BUDGET = 8
+
+
+@dataclass
+class Cluster:
+    engines: list[Server]
+    router: Server
+    gateways: list[Server]
+    db_url: str
+    keys: dict[str, str]
+    model: str
+    tokenizer: Tokenizer
+
+    def client(self, tenant: str, gateway: int = 0) -> openai.OpenAI:
+        base = f"{self.gateways[gateway].base_url}/v1"
+        return openai.OpenAI(base_url=base, api_key=self.keys[tenant], max_retries=0)
+
+
+def _tenants(url: str, spool: Path, per_request: int) -> dict[str, str]:
+    budget = 2 * per_request + per_request // 2  # room for two requests, not three
+    quotas = {
+        "alpha": Quotas(),
+        "beta": Quotas(),
+        "rpm": Quotas(requests_per_minute=3),
+        "budget": Quotas(monthly_token_budget=budget),
+    }
+
+    async def create() -> dict[str, str]:
+        return {
+            name: (await create_tenant(url, spool, name, q, keys=1))[0]
+            for name, q in quotas.items()
+        }
+
+    return asyncio.run(create())
+
+
+def _chat(text: str) -> list[ChatCompletionMessageParam]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if router_binary() is None:
+        pytest.skip("the smg router binary is not installed (pip install smg==1.13.0)")
+    tmp = tmp_path_factory.mktemp("cluster")
+    model = str(tiny_llama_dir)
+    tokenizer = Tokenizer.from_dir(tiny_llama_dir)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "budget"}]
+    per_request = len(tokenizer.apply_chat_template(messages)) + MAX_TOKENS_BUDGET
+    engine_env = {"ATRIUM_DTYPE": "float32", "ATRIUM_KV_CACHE_BYTES": str(8 * 2**20),
+                  "ATRIUM_TORCH_THREADS": "1", "ATRIUM_LOG_LEVEL": "warning"}  # fmt: skip
+    servers: list[Server] = []
+    with migrated_database() as name:
+        url = pg_url(name)
+        keys = _tenants(url, tmp / "setup.spool", per_request)
+        try:
+            engines = [start_engine(model, free_port(), TOKEN, tmp, engine_env) for _ in range(2)]
+            servers += engines
+            wait_all(engines, "/health")
+            urls = [e.base_url for e in engines]
+            router = start_router(urls, free_port(), free_port(), TOKEN, tmp)
+            servers.append(router)
+            wait_workers(router, TOKEN, 2)
+            gateways = []
+            for n in range(2):
+                env = {"ATRIUM_DATABASE_URL": url, "ATRIUM_ADMIN_TOKEN": ADMIN_TOKEN,
+                       "ATRIUM_USAGE_SPOOL_PATH": str(tmp / f"gw{n}.spool"),
+                       "ATRIUM_LOG_LEVEL": "warning"}  # fmt: skip
+                gateways.append(start_gateway(model, free_port(), router.base_url, TOKEN, env, tmp))
+            servers += gateways
+            wait_all(gateways, "/readyz")
+            served = httpx.get(f"{urls[0]}/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+            yield Cluster(engines, router, gateways, url, keys,
+                          served.json()["data"][0]["id"], tokenizer)  # fmt: skip
+        finally:
+            for server in reversed(servers):
+                stop(server, grace_s=10)
+
+
+def test_requests_flow_through_both_gateways(cluster: Cluster) -> None:
+    for gateway in (0, 1):
+        answer = cluster.client("alpha", gateway).chat.completions.create(
+            model=cluster.model, messages=_chat("hello"), max_tokens=4
+        )
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        assert answer.usage is not None and answer.usage.completion_tokens > 0
+    stream = cluster.client("alpha", 1).completions.create(
+        model=cluster.model, prompt="count with me", max_tokens=5, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+
+
+def test_prefix_cache_is_reused_per_tenant_only(cluster: Cluster) -> None:
+    def cached(tenant: str, gateway: int) -> int:
+        answer = cluster.client(tenant, gateway).chat.completions.create(
+            model=cluster.model, messages=_chat(LONG), max_tokens=2
+        )
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+        return int(answer.usage.prompt_tokens_details.cached_tokens or 0)
+
+    assert cached("alpha", 0) == 0
+    assert cached("alpha", 1) > 0  # the other gateway, wherever the router placed it
+    assert cached("beta", 0) == 0  # the same text, another tenant: nothing shared
+
+
+def test_rate_and_budget_quotas_hold_across_gateways(cluster: Cluster) -> None:
+    def send(tenant: str, gateway: int) -> int:
+        try:
+            cluster.client(tenant, gateway).chat.completions.create(
+                model=cluster.model, messages=_chat("budget"), max_tokens=MAX_TOKENS_BUDGET,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+        except openai.RateLimitError:
+            return 429
+        return 200
+
+    assert [send("rpm", g) for g in (0, 1, 0)] == [200, 200, 200]
+    assert [send("rpm", g) for g in (1, 0)] == [429, 429]
+    assert [send("budget", g) for g in (0, 1)] == [200, 200]
+    assert [send("budget", g) for g in (0, 1)] == [429, 429]
+
+
+def _busy_engine(cluster: Cluster) -> Server:
+    for engine in cluster.engines:
+        text = httpx.get(f"{engine.base_url}/metrics",
+                         headers={"Authorization": f"Bearer {TOKEN}"}).text  # fmt: skip
+        running = [line for line in text.splitlines()
+                   if line.startswith("vllm:num_requests_running")]  # fmt: skip
+        if running and float(running[0].split()[-1]) >= 1:
+            return engine
+    raise AssertionError("no engine is running the request")
+
+
+async def _usage_row(url: str, request_id: str) -> list[UsageEventRow]:
+    db = await Database.connect(url)
+    try:
+        async with db.sessions() as session:
+            query = select(UsageEventRow).where(UsageEventRow.request_id == request_id)
+            return list(await session.scalars(query))
+    finally:
+        await db.close()
+
+
+def test_engine_killed_mid_stream_is_metered_once_and_the_other_serves(cluster: Cluster) -> None:
+    body = {
+        "model": cluster.model,
+        "prompt": "tell a long story",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"Authorization": f"Bearer {cluster.keys['alpha']}"}
+    events: list[dict[str, object]] = []
+    url = f"{cluster.gateways[0].base_url}/v1/completions"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as answer:
+        request_id = answer.headers["x-request-id"]
+        lines = answer.iter_lines()
+        for line in lines:
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+                break
+        victim = _busy_engine(cluster)
+        os.killpg(os.getpgid(victim.process.pid), signal.SIGKILL)
+        for line in lines:
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+    errors = [e for e in events if "error" in e]
+    assert len(errors) == 1
+    usage = events[-1]["usage"]
+    assert isinstance(usage, dict) and 0 < usage["completion_tokens"] < 1000
+    deadline = time.monotonic() + 10
+    rows = asyncio.run(_usage_row(cluster.db_url, request_id))
+    while not rows and time.monotonic() < deadline:
+        time.sleep(0.2)
+        rows = asyncio.run(_usage_row(cluster.db_url, request_id))
+    assert [(r.status, r.completion_tokens) for r in rows] == [
+        ("error", usage["completion_tokens"])
+    ]
+    for n in range(3):
+        later = cluster.client("alpha", n % 2).chat.completions.create(
+            model=cluster.model, messages=_chat(f"still there {n}?"), max_tokens=3
+        )
+        assert later.usage is not None and later.usage.completion_tokens > 0
+
+
+def test_engines_refuse_callers_without_the_engine_token(cluster: Cluster) -> None:
+    live = [e for e in cluster.engines if e.process.poll() is None]
+    body = {"model": cluster.model, "prompt": "hi", "max_tokens": 2, "cache_salt": "alpha"}
+    for headers in ({}, {"Authorization": f"Bearer {cluster.keys['alpha']}"}):
+        answer = httpx.post(f"{live[0].base_url}/v1/completions", json=body, headers=headers)
+        assert answer.status_code == 401
+    books = asyncio.run(read_books(cluster.db_url))
+    assert len(books.request_ids) == len(set(books.request_ids))
+    assert books.reservations == 0

@@ -1,0 +1,136 @@
+"""The engine role's model-server API on the tiny model: the engine token guards every route
+but /health, the tenant comes from the body's fields, and /metrics speaks the routers' names."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from litestar.testing import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.gateway_fakes import settings
+from web.engine_api import create_engine_app
+
+TOKEN = "engine-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+# What the llm-d endpoint picker reads from a model server (its default metric names).
+PICKER_GAUGES = (
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+)
+PROMPT = "a shared system prompt, long enough to fill several pages of sixteen tokens " * 3
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: Path) -> Iterator[tuple[TestClient, str]]:  # type: ignore[type-arg]
+    config = settings(
+        model=str(tiny_llama_dir), dtype="float32", device="cpu", kv_cache_bytes=8 * 2**20,
+        role="engine", engine_token=TOKEN,
+    )  # fmt: skip
+    with TestClient(create_engine_app(config)) as client:
+        model = client.get("/v1/models", headers=AUTH).json()["data"][0]["id"]
+        yield client, model
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+     ("GET", "/metrics"), ("GET", "/server_info"), ("GET", "/model_info"),
+     ("GET", "/atrium/v1/state"), ("GET", "/version")],
+)  # fmt: skip
+@pytest.mark.parametrize("header", [None, "Bearer wrong-token", "Basic x", f"bearer {TOKEN}x"])
+def test_every_route_but_health_needs_the_engine_token(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+    method: str,
+    path: str,
+    header: str | None,
+) -> None:
+    client, model = engine
+    headers = {} if header is None else {"Authorization": header}
+    body = {"model": model, "prompt": "hi", "cache_salt": "intruder", "max_tokens": 2}
+    answer = client.request(method, path, headers=headers, json=body if method == "POST" else None)
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] == "invalid_engine_token"
+
+
+def test_health_is_open(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
+    client, _ = engine
+    assert client.get("/health").status_code == 200
+
+
+def complete(client: TestClient, model: str, salt: str, **extra: object) -> dict:  # type: ignore[type-arg]
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0,
+            "cache_salt": salt, **extra}  # fmt: skip
+    answer = client.post("/v1/completions", json=body, headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    result: dict = answer.json()  # type: ignore[type-arg]
+    return result
+
+
+def test_cache_salt_is_the_tenant_namespace(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
+    client, model = engine
+    first = complete(client, model, "tenant-one")["usage"]
+    again = complete(client, model, "tenant-one")["usage"]
+    other = complete(client, model, "tenant-two")["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["prompt_tokens_details"]["cached_tokens"] > 0
+    assert other["prompt_tokens_details"]["cached_tokens"] == 0
+    state = client.get("/atrium/v1/state", headers=AUTH).json()
+    assert {"tenant:tenant-one", "tenant:tenant-two"} <= set(state["cache_by_namespace"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("cache_salt", ""), ("cache_salt", "x" * 300), ("atrium_tenant_weight", 0),
+     ("atrium_tenant_weight", -1.5), ("atrium_kv_cache_share", 1.5),
+     ("atrium_prompt_token_ids", []), ("atrium_prompt_token_ids", [10**9]),
+     ("atrium_sampling", {"max_tokens": "many"})],
+)  # fmt: skip
+def test_bad_tenant_fields_are_400(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+    field: str,
+    value: object,
+) -> None:
+    client, model = engine
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, field: value}
+    answer = client.post("/v1/completions", json=body, headers=AUTH)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == field
+
+
+def test_stream_carries_usage_in_every_chunk(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
+    client, model = engine
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "stream": True, "cache_salt": "tenant-one", "temperature": 0, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    answer = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    frames = [f.removeprefix("data: ") for f in answer.text.split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(f) for f in frames[:-1]]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 4
+    assert all(c["usage"]["prompt_tokens"] > 0 for c in chunks)
+
+
+def test_metrics_carry_the_names_the_endpoint_picker_reads(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
+    client, model = engine
+    complete(client, model, "tenant-metrics")
+    text = client.get("/metrics", headers=AUTH).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in PICKER_GAUGES:
+        assert families[name].type == "gauge", name
+        (sample,) = families[name].samples
+        assert sample.labels == {"model_name": model}
+    (usage,) = families["vllm:kv_cache_usage_perc"].samples
+    assert 0.0 <= usage.value <= 1.0
+    (config,) = families["vllm:cache_config_info"].samples
+    assert int(config.labels["block_size"]) == 16
+    assert int(config.labels["num_gpu_blocks"]) > 0
+    hits = families["vllm:prefix_cache_hits"].samples[0].value
+    queries = families["vllm:prefix_cache_queries"].samples[0].value
+    assert 0 < hits < queries
+    assert "atrium_requests_total" in text  # Atrium's own beside them

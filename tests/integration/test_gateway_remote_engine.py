@@ -1,0 +1,165 @@
+"""The gateway over an engine reached by HTTP (``HttpEngineClient``), with scripted engine
+answers: what the tenant sees and what is metered when the engine refuses, is unreachable, or
+is cut off mid-stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from litestar.testing import TestClient
+
+from engine.tokenizer import Tokenizer
+from tests.integration.gateway_fakes import KEY_A, make_tenancy, settings
+from tests.support.serve import free_port
+from web.app import create_app
+from web.engine_api.client import LOST, HttpEngineClient
+from web.service_generation import ModelRuntime
+from web.tenancy import InMemoryTenancy
+
+AUTH = {"Authorization": f"Bearer {KEY_A}"}
+MODEL = "tiny-remote"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def frame(text: str, completion: int, finish: str | None = None, prompt: int = 7) -> bytes:
+    chunk = {
+        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "prompt_tokens_details": {"cached_tokens": 3}},
+    }  # fmt: skip
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+class CutStream(httpx.AsyncByteStream):
+    """Sends ``frames``, then fails as a connection reset would (or ends, with ``clean``)."""
+
+    def __init__(self, frames: list[bytes], clean: bool = False) -> None:
+        self.frames = frames
+        self.clean = clean
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for item in self.frames:
+            yield item
+        if not self.clean:
+            raise httpx.ReadError("connection reset")
+
+
+def gateway(tiny_llama_dir: Path, handler: Handler, url: str = "http://engine.test") -> TestClient:  # type: ignore[type-arg]
+    tokenizer = Tokenizer.from_dir(tiny_llama_dir)
+    seen: list[dict[str, object]] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        assert request.headers["authorization"] == "Bearer engine-secret"
+        return handler(request)
+
+    transport = httpx.MockTransport(record) if url == "http://engine.test" else None
+    client = HttpEngineClient(url, "engine-secret", tokenizer, MODEL, transport=transport)
+    runtime = ModelRuntime(MODEL, client, tokenizer, max_model_len=256)
+    app = create_app(settings(), engine=runtime, store=make_tenancy(), include_admin=False)
+    app.state.sent = seen
+    return TestClient(app)
+
+
+def completion(client: TestClient, stream: bool = True) -> httpx.Response:  # type: ignore[type-arg]
+    body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "stream": stream,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    return client.post("/v1/completions", json=body, headers=AUTH)
+
+
+def tenancy_of(client: TestClient) -> InMemoryTenancy:  # type: ignore[type-arg]
+    tenancy: InMemoryTenancy = client.app.state.tenancy
+    return tenancy
+
+
+@pytest.fixture
+def ok_engine() -> Handler:
+    frames = [frame("a", 1), frame("b", 2), frame("", 2, "length"), b"data: [DONE]\n\n"]
+    return lambda request: httpx.Response(200, stream=CutStream(frames, clean=True))
+
+
+def test_the_engine_gets_ids_text_and_tenant_fields(
+    tiny_llama_dir: Path, ok_engine: Handler
+) -> None:
+    with gateway(tiny_llama_dir, ok_engine) as client:
+        answer = completion(client, stream=False)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"] == "ab"
+        usage = answer.json()["usage"]
+        assert usage["completion_tokens"] == 2
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 3
+        sent = client.app.state.sent[0]
+        record = tenancy_of(client).usage[0]
+    tokenizer = Tokenizer.from_dir(tiny_llama_dir)
+    assert sent["atrium_prompt_token_ids"] == tokenizer.encode("hello world")
+    assert sent["prompt"] == "hello world"
+    assert sent["cache_salt"] == "tenant-a"
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert sent["atrium_sampling"]["max_tokens"] == 5  # type: ignore[index]
+    assert (record.status, record.completion_tokens, record.cached_tokens) == ("ok", 2, 3)
+
+
+def test_unreachable_engine_is_503_with_retry_after(tiny_llama_dir: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with gateway(tiny_llama_dir, lambda r: httpx.Response(500), url=dead) as client:
+        answer = completion(client)
+        records = tenancy_of(client).usage
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "1"
+    assert answer.json()["error"]["code"] == "engine_dead"
+    assert [(r.status, r.prompt_tokens, r.completion_tokens) for r in records] == [
+        ("unavailable", 0, 0)
+    ]
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 404])
+def test_router_refusals_are_503(tiny_llama_dir: Path, status: int) -> None:
+    with gateway(tiny_llama_dir, lambda r: httpx.Response(status, json={})) as client:
+        answer = completion(client)
+    assert answer.status_code == 503
+    assert "retry-after" in answer.headers
+
+
+def test_engine_400_keeps_its_message_and_param(tiny_llama_dir: Path) -> None:
+    error = {"error": {"message": "stop is bad", "param": "stop", "code": "invalid_request"}}
+    with gateway(tiny_llama_dir, lambda r: httpx.Response(400, json=error)) as client:
+        answer = completion(client)
+        records = tenancy_of(client).usage
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "stop"
+    assert [r.status for r in records] == ["rejected"]
+
+
+@pytest.mark.parametrize("clean", [False, True])
+def test_cut_mid_stream_ends_with_an_error_event_and_meters_what_was_sent(
+    tiny_llama_dir: Path, clean: bool
+) -> None:
+    frames = [frame("a", 1), frame("bc", 3)]
+    handler: Handler = lambda request: httpx.Response(200, stream=CutStream(frames, clean))  # noqa: E731
+    with gateway(tiny_llama_dir, handler) as client:
+        answer = completion(client)
+        records = tenancy_of(client).usage
+    events = [f.removeprefix("data: ") for f in answer.text.split("\n\n") if f]
+    assert events[-1] == "[DONE]"
+    payloads = [json.loads(e) for e in events[:-1]]
+    assert "".join(p["choices"][0]["text"] for p in payloads if p.get("choices")) == "abc"
+    errors = [p["error"] for p in payloads if "error" in p]
+    assert [e["message"] for e in errors] == [LOST]
+    assert payloads[-1]["usage"]["completion_tokens"] == 3
+    assert [(r.status, r.completion_tokens) for r in records] == [("error", 3)]
+
+
+def test_router_error_event_ends_the_stream_once(tiny_llama_dir: Path) -> None:
+    lost = b'data: {"error": {"message": "Stream error: unexpected EOF"}}\n\n'
+    frames = [frame("a", 1), lost, b"data: [DONE]\n\n"]
+    handler: Handler = lambda request: httpx.Response(200, stream=CutStream(frames, True))  # noqa: E731
+    with gateway(tiny_llama_dir, handler) as client:
+        answer = completion(client)
+        records = tenancy_of(client).usage
+    assert answer.text.count('"error"') == 1
+    assert "unexpected EOF" not in answer.text  # the router's words stay in the log
+    assert [(r.status, r.completion_tokens) for r in records] == [("error", 1)]

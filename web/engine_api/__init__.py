@@ -1,0 +1,109 @@
+"""The engine role (`atrium serve --role engine`): the engine behind the model-server protocol.
+
+Gateways (directly or through a router) call it with the engine token; it has no database,
+never sees an API key, and learns each request's tenant from the body (``wire``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from litestar import Litestar, Router
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers.base import BaseRouteHandler
+
+from engine.stats import EngineSnapshot
+from web.engine_api import ops, routes
+from web.engine_api.metrics import ModelServerCollector
+from web.engine_api.trusted import TrustedTenancy
+from web.engine_api.wire import check_token
+from web.errors import handle_exception
+from web.json_body import JsonRequest
+from web.metrics import GatewayMetrics
+from web.service_generation import GenerationService, ModelRuntime
+from web.settings import Settings
+from web.tracing import make_tracer_provider
+
+log = structlog.get_logger("atrium.engine_api")
+# Requests handed to the engine at once: admission here is only a hand-off (no database).
+ADMISSION_CONCURRENCY = 256
+
+
+def _token_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    settings: Settings = connection.app.state.settings
+    check_token(connection.headers.get("authorization", ""), settings.engine_token or "")
+
+
+def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -> Litestar:
+    """The engine role's app. Without ``runtime`` the model is loaded at startup from
+    ``settings`` (in an engine process, as in all-in-one)."""
+    if not settings.engine_token:
+        raise ValueError("the engine role needs an engine token")
+    metrics = GatewayMetrics(per_tenant=settings.metrics_tenant_labels)
+    provider = make_tracer_provider(settings.otlp_endpoint, None)
+    state = State({"settings": settings, "metrics": metrics, "generation": None, "engine": None})
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        from web.app import load_runtime
+
+        close = None
+        try:
+            loaded = runtime
+            if loaded is None:
+                loaded, raw_engine, close = await load_runtime(settings)
+            else:
+                raw_engine = loaded.engine
+            app.state.engine = raw_engine
+
+            def snapshot() -> EngineSnapshot:
+                found = raw_engine.stats()
+                return found if isinstance(found, EngineSnapshot) else EngineSnapshot()
+
+            metrics.registry.register(ModelServerCollector(snapshot, loaded.name))
+            service = GenerationService(
+                loaded,
+                TrustedTenancy(),
+                metrics,
+                provider.get_tracer("atrium.engine"),
+                default_max_tokens_cap=settings.default_max_tokens_cap,
+                retry_after_s=settings.retry_after_s,
+                admission_concurrency=ADMISSION_CONCURRENCY,
+            )
+            app.state.generation = service
+            log.info("engine_ready", model=loaded.name, max_model_len=loaded.max_model_len)
+            yield
+            await service.drain(settings.drain_grace_s)
+        finally:
+            if close is not None:
+                await close()
+            provider.shutdown()
+            log.info("engine_server_stopped")
+
+    guarded = Router(path="/", route_handlers=[*routes.ROUTES, *ops.ROUTES], guards=[_token_guard])
+    return Litestar(
+        route_handlers=[guarded, *ops.OPEN_ROUTES],
+        exception_handlers={Exception: handle_exception},
+        lifespan=[lifespan],
+        state=state,
+        request_max_body_size=settings.max_body_bytes,
+        request_class=JsonRequest,
+        logging_config=None,
+    )
+
+
+def app_for_role(settings: Settings) -> Litestar:
+    """The app `atrium serve` runs for ``settings.role``: all-in-one, engine or gateway."""
+    if settings.role == "engine":
+        return create_engine_app(settings)
+    if settings.role == "gateway":
+        from web.engine_api.gateway import create_gateway_app
+
+        return create_gateway_app(settings)
+    from web.app import create_app
+
+    return create_app(settings)

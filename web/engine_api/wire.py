@@ -1,0 +1,115 @@
+"""What crosses between a gateway and an engine: the body's tenant fields and the token check.
+
+A gateway names the tenant in the body, where routers pass it through (they drop unknown
+headers): ``cache_salt`` is the tenant's cache namespace (the field vLLM and the routers know),
+``atrium_tenant_weight`` and ``atrium_kv_cache_share`` its fair-share weight and cache share,
+``atrium_allow_public_prefix`` whether it may reuse public prefixes. ``atrium_prompt_token_ids``
+carries the prompt exactly as the gateway counted it (``prompt`` stays text, for the router's
+prefix matching) and ``atrium_sampling`` every sampling setting. The engine honours these only
+from a caller holding the engine token; everything else is refused before the body is read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+from typing import Any
+
+import msgspec
+
+from engine.sampling_params import SamplingParams
+from web.errors import ApiError, bad_request
+from web.openai_schemas import ChatCompletionRequest, CompletionRequest
+
+MAX_CACHE_SALT_CHARS = 256
+STATE_PATH = "/atrium/v1/state"  # the engine's live snapshot (an Atrium extension)
+
+
+class EngineCompletionRequest(CompletionRequest, kw_only=True):
+    """``/v1/completions`` with the tenant extension a gateway adds."""
+
+    cache_salt: str | None = None
+    atrium_tenant_weight: float | None = None
+    atrium_kv_cache_share: float | None = None
+    atrium_allow_public_prefix: bool | None = None
+    atrium_prompt_token_ids: list[int] | None = None
+    atrium_sampling: dict[str, Any] | None = None
+
+
+class EngineChatRequest(ChatCompletionRequest, kw_only=True):
+    """``/v1/chat/completions`` with the same extension (msgspec structs take one base)."""
+
+    cache_salt: str | None = None
+    atrium_tenant_weight: float | None = None
+    atrium_kv_cache_share: float | None = None
+    atrium_allow_public_prefix: bool | None = None
+    atrium_prompt_token_ids: list[int] | None = None
+    atrium_sampling: dict[str, Any] | None = None
+
+
+TenantFields = EngineCompletionRequest | EngineChatRequest
+
+
+def check_token(header: str, expected: str) -> None:
+    """401 unless ``header`` is ``Bearer <expected>`` (compared in constant time)."""
+    scheme, _, given = header.partition(" ")
+    # Bytes: compare_digest refuses non-ASCII strings, and any caller can send them.
+    given_bytes = given.strip().encode("utf-8", "backslashreplace")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, expected.encode()):
+        raise ApiError(
+            401,
+            "This engine answers only its gateways: send `Authorization: Bearer <engine token>`.",
+            code="invalid_engine_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def tenant_id_of(fields: TenantFields) -> str:
+    salt = fields.cache_salt
+    if salt is None:
+        return "default"
+    if not salt or len(salt) > MAX_CACHE_SALT_CHARS or not salt.isprintable():
+        raise bad_request(
+            f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} printable characters", "cache_salt"
+        )
+    return salt
+
+
+def weight_of(fields: TenantFields) -> float:
+    weight = fields.atrium_tenant_weight
+    if weight is None:
+        return 1.0
+    if not (math.isfinite(weight) and weight > 0):
+        raise bad_request("atrium_tenant_weight must be a positive number", "atrium_tenant_weight")
+    return weight
+
+
+def cache_share_of(fields: TenantFields) -> float | None:
+    share = fields.atrium_kv_cache_share
+    if share is not None and not (math.isfinite(share) and 0 < share <= 1):
+        raise bad_request("atrium_kv_cache_share must be in (0, 1]", "atrium_kv_cache_share")
+    return share
+
+
+def sampling_of(fields: TenantFields) -> SamplingParams | None:
+    """The gateway's exact sampling settings, or None when the body has only OpenAI's fields."""
+    if fields.atrium_sampling is None:
+        return None
+    try:
+        return msgspec.convert(fields.atrium_sampling, SamplingParams)
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"Invalid atrium_sampling: {exc}", "atrium_sampling") from exc
+
+
+def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
+    """``params`` as JSON-ready data (``sampling_of`` reads it back)."""
+    data: dict[str, Any] = msgspec.to_builtins(params)
+    return data
+
+
+def checked_ids(ids: list[int], tokenizer: object, param: str) -> list[int]:
+    """``ids`` when every one is a token of ``tokenizer``'s vocabulary; a 400 otherwise."""
+    vocab_size = int(getattr(tokenizer, "vocab_size", 2**31))
+    if not ids or any(not 0 <= token < vocab_size for token in ids):
+        raise bad_request(f"{param} must be a non-empty list of ids below {vocab_size}", param)
+    return ids
