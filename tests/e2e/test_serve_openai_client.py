@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -113,3 +115,29 @@ def test_rate_limit_and_bad_requests(server: Server) -> None:
         other.chat.completions.create(model="default", messages=messages, temperature=7)  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):
         other.chat.completions.create(model="nope", messages=messages)  # type: ignore[arg-type]
+
+
+def test_logprobs_n_and_refusals_on_the_default_model(server: Server) -> None:
+    key = server.key_for("acme")
+    client = server.client(key)
+    messages: Any = [{"role": "user", "content": "Name a colour."}]
+    args: Any = {"model": "default", "messages": messages, "max_tokens": 8, "temperature": 0}
+    answer = client.chat.completions.create(**args, n=2, logprobs=True, top_logprobs=2)
+    first, second = answer.choices
+    assert (first.index, second.index) == (0, 1)
+    assert first.message.content == second.message.content  # greedy twins
+    entries = first.logprobs.content  # type: ignore[union-attr]
+    assert len(entries) * 2 == answer.usage.completion_tokens  # type: ignore[union-attr]
+    assert "".join(e.token for e in entries).startswith(first.message.content or "")
+    assert all(e.token == e.top_logprobs[0].token for e in entries)
+    chunks = list(client.chat.completions.create(**args, logprobs=True, stream=True))
+    streamed = [e.token for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content or []]  # fmt: skip
+    assert streamed == [e.token for e in entries]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**args, extra_body={"best_of": 2})
+    assert info.value.body["param"] == "best_of"  # type: ignore[index]
+    auth = {"Authorization": f"Bearer {key}"}
+    ids = httpx.post(f"{server.base}/tokenize", json={"messages": messages}, headers=auth).json()
+    assert ids["count"] == answer.usage.prompt_tokens  # type: ignore[union-attr]
+    assert client.models.retrieve("default").id == "default"
