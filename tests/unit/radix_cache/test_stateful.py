@@ -221,6 +221,17 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.pinned.remove(tokens)
         self.cache.unpin(self.cache.match(PUBLIC_NAMESPACE, tokens).node)
 
+    @precondition(lambda self: bool(self.pinned))
+    @rule(data=st.data())
+    def unpublish(self, data: st.DataObject) -> None:
+        tokens = data.draw(st.sampled_from(sorted(self.pinned)))
+        self.pinned.remove(tokens)
+        assert self.cache.unpublish(tokens) == len(tokens)
+        self.sync()
+        # Nothing unpinned stays shared: only pages of pins and running requests remain public.
+        assert self.cache.tree.stats(PUBLIC_NAMESPACE).evictable_pages == 0
+        assert self.cache.unpublish(tokens) == 0
+
     # ----- invariants -----
     def check_share(self, ns: str) -> None:
         cap = self.cache.shares.cap(ns)
