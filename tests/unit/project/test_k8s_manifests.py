@@ -23,6 +23,8 @@ from tests.support.kustomize import (
     selects,
     workloads,
 )
+from web.cli import build_parser
+from web.settings import Settings
 
 # The oldest Kubernetes the manifests support and the newest whose schemas are bundled.
 KUBERNETES_VERSIONS = ("1.32.0", "1.37.0")
@@ -203,6 +205,33 @@ def test_gateways_reach_the_router_and_wait_for_the_migration(overlay: str) -> N
         for c in (main, wait, job_container)
     }
     assert len(database) == 1, "the job, the wait and the gateway must use one database"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_atrium_command_lines_parse_and_name_real_settings(overlay: str) -> None:
+    objects = render(overlay)
+    parser = build_parser()
+    fields = {"ATRIUM_" + name.upper() for name in Settings.__struct_fields__}
+    checked = 0
+    for workload in workloads(objects):
+        for container in containers(workload):
+            if not container["image"].rpartition("/")[2].startswith("atrium:"):
+                continue
+            argv = container.get("args")
+            if argv is None:  # a shell loop around `atrium ...`
+                found = re.search(r"\batrium ([a-z0-9 -]+)", container["command"][-1])
+                assert found, f"{container['name']}: no atrium command"
+                argv = found.group(1).split()
+            try:
+                parser.parse_args(argv)
+            except SystemExit:
+                pytest.fail(f"{container['name']}: `atrium {' '.join(argv)}` does not parse")
+            unknown = {n for n in env_of(container) if n.startswith("ATRIUM_")} - fields
+            assert unknown == set(), f"{container['name']}: no such settings {unknown}"
+            checked += 1
+    assert checked == 4  # the gateway, its wait for the schema, the engine, the migration job
+    for config in (o for o in objects if o["kind"] == "ConfigMap"):
+        assert set(config["data"]) <= fields
 
 
 def _secret_refs(objects: tuple[Obj, ...]) -> set[tuple[str, str]]:

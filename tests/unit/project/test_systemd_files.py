@@ -53,10 +53,11 @@ def _install_steps() -> list[list[str]]:
     return commands
 
 
-def test_the_env_example_lists_every_setting() -> None:
+def test_the_env_example_lists_every_setting_and_nothing_else() -> None:
     names = [name for _, name, _ in _example()]
     fields = {"ATRIUM_" + field.upper() for field in Settings.__struct_fields__}
     assert sorted(fields - set(names)) == [], "settings missing from atrium.env.example"
+    assert sorted(set(names) - fields) == [], "names in atrium.env.example that are no setting"
     assert len(names) == len(set(names)), "a setting listed twice"
 
 
