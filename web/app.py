@@ -109,7 +109,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     snapshot = engine.stats()
     capacity = int(snapshot.num_pages_total) * int(snapshot.page_size)
     runtime = ModelRuntime(
-        name=name,
+        name=settings.served_model_name or name,
         engine=engine,
         tokenizer=tokenizer,
         max_model_len=max_model_len,

@@ -58,6 +58,9 @@ class ModelRuntime:
     stats: Callable[[], dict[str, object]] | None = None
     # Tokens the engine's KV cache holds (None: unknown); a longer prompt is refused at once.
     kv_capacity_tokens: int | None = None
+    # Sampling settings this engine cannot honour (one reached over HTTP may not return
+    # logprobs): a request that sets one is refused with 400 unsupported_parameter at admission.
+    unsupported_params: frozenset[str] = frozenset()
 
     def serves(self, model: str) -> bool:
         return model == self.name or model in self.aliases
@@ -224,6 +227,16 @@ class GenerationService:
             principal, endpoint, request_id, [(prompt_token_ids, params)]
         )
 
+    def _check_supported(self, params: SamplingParams) -> None:
+        for name in sorted(self.runtime.unsupported_params):
+            if getattr(params, name) != SamplingParams.__dataclass_fields__[name].default:
+                raise ApiError(
+                    400,
+                    f"`{name}` is not supported by this deployment's engine.",
+                    code="unsupported_parameter",
+                    param=name,
+                )
+
     async def admit_choices(
         self,
         principal: Principal,
@@ -237,6 +250,7 @@ class GenerationService:
         self.check_open()
         for _, params in prompts:
             params.validate()
+            self._check_supported(params)
         choices = _choices(request_id, prompts, n)
         num_prompt_tokens = sum(len(ids) for ids, _ in prompts)
         max_tokens = sum(choice.params.max_tokens for choice in choices)

@@ -12,7 +12,7 @@ import openai
 import pytest
 from litestar.testing import TestClient
 
-from tests.integration.gateway_fakes import KEY_A, make_tenancy, settings
+from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy, settings
 from web.app import create_app
 from web.tenancy import InMemoryTenancy
 
@@ -207,7 +207,7 @@ def test_max_completion_tokens_streamed_and_not(gw: Gateway) -> None:
         ("chat", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs
         ("completion", {"suffix": "end"}, "suffix"),
         ("completion", {"best_of": 3}, "best_of"),
-        ("completion", {"guided_regex": "a+"}, "guided_regex"),
+        ("completion", {"guided_grammar": 'root ::= "a"'}, "guided_grammar"),
     ],
 )
 def test_refusals_name_the_parameter(
@@ -246,3 +246,35 @@ def test_model_card_and_tokenize_round_trip(gw: Gateway) -> None:
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
     unknown = gw.http.post("/tokenize", json={"prompt": "x", "wat": 1}, headers=auth)
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "wat"
+
+
+def test_served_model_name_is_the_name_requests_use(tiny_llama_dir: Path) -> None:
+    config = settings(
+        model=str(tiny_llama_dir), dtype="float32", device="cpu", kv_cache_bytes=2**20,
+        engine_process=False, served_model_name="org/tiny",
+    )  # fmt: skip
+    app = create_app(config, store=make_tenancy(), include_admin=False)
+    with TestClient(app) as http:
+        client = openai.OpenAI(
+            base_url="http://testserver/v1", api_key=KEY_A, http_client=http, max_retries=0
+        )
+        assert [m.id for m in client.models.list().data] == ["org/tiny"]
+        assert client.models.retrieve("org/tiny").id == "org/tiny"
+        answer = client.completions.create(model="org/tiny", prompt="one", max_tokens=2)
+        assert answer.model == "org/tiny" and answer.usage.completion_tokens >= 1
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=tiny_llama_dir.name, prompt="one", max_tokens=2)
+
+
+def test_an_engine_without_logprobs_refuses_them(tiny_llama_dir: Path) -> None:
+    runtime, _ = make_runtime(tiny_llama_dir)
+    runtime.unsupported_params = frozenset({"logprobs"})
+    app = create_app(settings(), engine=runtime, store=make_tenancy(), include_admin=False)
+    with TestClient(app) as http:
+        client = openai.OpenAI(
+            base_url="http://testserver/v1", api_key=KEY_A, http_client=http, max_retries=0
+        )
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=MODEL, prompt="one", max_tokens=2, logprobs=1)
+        assert info.value.body["param"] == "logprobs"  # type: ignore[index]
+        assert client.completions.create(model=MODEL, prompt="one", max_tokens=2).choices

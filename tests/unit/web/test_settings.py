@@ -120,3 +120,14 @@ def test_kv_pool_is_sized_from_free_memory_unless_bytes_are_set() -> None:
             Settings.load(environ=bad)
     with pytest.raises(SettingsError, match=r"kv_cache_memory_fraction must be in \(0, 0.95\]"):
         Settings.load(environ={"ATRIUM_KV_CACHE_MEMORY_FRACTION": "1.0"})
+
+
+def test_served_model_name_flag_and_twin() -> None:
+    args = build_parser().parse_args(["serve", "--served-model-name", "org/chat-model"])
+    flags = {name: getattr(args, name, None) for name in Settings.__struct_fields__}
+    assert Settings.load(flags, environ={}).served_model_name == "org/chat-model"
+    env = {"ATRIUM_SERVED_MODEL_NAME": "twin"}
+    assert Settings.load(environ=env).served_model_name == "twin"
+    assert Settings.load(environ={}).served_model_name is None
+    with pytest.raises(SettingsError, match="served_model_name"):
+        Settings.load({"served_model_name": "bad\nname"}, environ={})
