@@ -96,3 +96,17 @@ def test_draining_gateway_refuses_new_requests(tiny_llama_dir: Path) -> None:
         assert response.json()["error"]["code"] == "draining"
         assert client.get("/readyz").status_code == 503
     assert engine.requests == []
+
+
+def test_disconnect_with_n_choices_aborts_each_and_records_once(tiny_llama_dir: Path) -> None:
+    runtime, engine = make_runtime(tiny_llama_dir, delay_s=0.02)
+    tenancy = make_tenancy()
+    app = create_app(settings(), engine=runtime, store=tenancy, include_admin=False)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
+            "stream": True, "n": 3}  # fmt: skip
+    received = asyncio.run(stream_then_leave(app, body, keep_chunks=6))
+    assert b"[DONE]" not in b"".join(received)
+    [usage] = tenancy.usage
+    assert sorted(engine.aborted) == [f"{usage.request_id}-{i}" for i in range(3)]
+    assert usage.status == "disconnect"
+    assert 3 <= usage.completion_tokens < 600
