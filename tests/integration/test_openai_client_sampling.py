@@ -278,3 +278,32 @@ def test_an_engine_without_logprobs_refuses_them(tiny_llama_dir: Path) -> None:
             client.completions.create(model=MODEL, prompt="one", max_tokens=2, logprobs=1)
         assert info.value.body["param"] == "logprobs"  # type: ignore[index]
         assert client.completions.create(model=MODEL, prompt="one", max_tokens=2).choices
+
+
+class RecordingTenancy(InMemoryTenancy):
+    """Keeps what each admission reserved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reserved: list[tuple[int, int]] = []
+
+    async def admit(self, principal: Any, request_id: str, prompt_tokens: int, max_tokens: int,
+                    *, model: str | None = None) -> Any:  # fmt: skip
+        self.reserved.append((prompt_tokens, max_tokens))
+        return await super().admit(principal, request_id, prompt_tokens, max_tokens, model=model)
+
+
+def test_quotas_reserve_every_prompt_once_and_every_choice(tiny_llama_dir: Path) -> None:
+    runtime, engine = make_runtime(tiny_llama_dir)
+    tenancy = RecordingTenancy()
+    tenancy.keys = make_tenancy().keys
+    app = create_app(settings(), engine=runtime, store=tenancy, include_admin=False)
+    with TestClient(app) as http:
+        client = openai.OpenAI(
+            base_url="http://testserver/v1", api_key=KEY_A, http_client=http, max_retries=0
+        )
+        answer = client.completions.create(model=MODEL, prompt=["ab", "cde"], n=2, max_tokens=5)
+    assert tenancy.reserved == [(2 + 3, 4 * 5)]  # byte-level tokens: 2 and 3
+    assert len(engine.requests) == 4
+    assert answer.usage.prompt_tokens == 5 and answer.usage.completion_tokens == 20
+    assert tenancy.usage[0].completion_tokens == 20
