@@ -37,11 +37,19 @@ def _atrium(*args: str) -> list[str]:
 
 
 def start_engine(
-    model: str, port: int, token: str, log_dir: Path, env: dict[str, str] | None = None
+    model: str,
+    port: int,
+    token: str,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    gateway_url: str | None = None,
 ) -> Server:
-    """`atrium serve --role engine` on ``port``; ready once /health answers 200."""
+    """`atrium serve --role engine` on ``port`` (following ``gateway_url``'s public prefixes
+    when given); ready once /health answers 200."""
     environ = {**os.environ, **(env or {}), "ATRIUM_ENGINE_TOKEN": token}
     argv = _atrium("--role", "engine", "--port", str(port), "--model", model)
+    if gateway_url is not None:
+        argv += ["--gateway-url", gateway_url]
     return _spawn(f"engine-{port}", argv, environ, log_dir / f"engine-{port}.log",
                   f"http://{HOST}:{port}")  # fmt: skip
 
@@ -77,7 +85,7 @@ def start_router(
     argv += ["--prometheus-host", HOST, "--prometheus-port", str(metrics_port)]
     argv += ["--disable-tokenizer-autoload", "--log-level", "warn"]
     argv += ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
-    argv += ["--worker-startup-check-interval", "1", *extra]
+    argv += ["--worker-startup-check-interval", "1", "--shutdown-grace-period-secs", "2", *extra]
     environ = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return _spawn(f"router-{port}", argv, environ, log_dir / f"router-{port}.log",
                   f"http://{HOST}:{port}")  # fmt: skip

@@ -126,6 +126,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="gateway role: the router (or one engine) to send generation to",
     )
+    parser.add_argument(
+        "--gateway-url",
+        dest="gateway_url",
+        default=None,
+        help="engine role: a gateway to fetch the published public prefixes from",
+    )
     parser.set_defaults(func=run_serve)
 
 

@@ -86,6 +86,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     role: str = "all"
     engine_url: str | None = None
     engine_token: str | None = None
+    # Engine role: a gateway (any one; they share the database) whose published public
+    # prefixes this engine fetches at start and then every few seconds.
+    gateway_url: str | None = None
     # A gateway gives up on an engine that does not accept a connection within
     # engine_connect_timeout_s, or sends nothing for engine_read_timeout_s (first token included).
     engine_connect_timeout_s: float = 2.0
@@ -144,8 +147,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError(f"the {self.role} role needs ATRIUM_ENGINE_TOKEN")
         if self.role == "gateway" and not self.engine_url:
             raise SettingsError("the gateway role needs --engine-url (ATRIUM_ENGINE_URL)")
-        if self.engine_url is not None and not self.engine_url.startswith(("http://", "https://")):
-            raise SettingsError("engine_url must be an http:// or https:// URL")
+        for name in ("engine_url", "gateway_url"):
+            url = getattr(self, name)
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise SettingsError(f"{name} must be an http:// or https:// URL")
         for name in ("engine_connect_timeout_s", "engine_read_timeout_s"):
             if not 0 < getattr(self, name) < math.inf:
                 raise SettingsError(f"{name} must be positive")

@@ -92,13 +92,19 @@ def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     messages: list[dict[str, Any]] = [{"role": "user", "content": "budget"}]
     per_request = len(tokenizer.apply_chat_template(messages)) + MAX_TOKENS_BUDGET
     engine_env = {"ATRIUM_DTYPE": "float32", "ATRIUM_KV_CACHE_BYTES": str(8 * 2**20),
-                  "ATRIUM_TORCH_THREADS": "1", "ATRIUM_LOG_LEVEL": "warning"}  # fmt: skip
+                  "ATRIUM_TORCH_THREADS": "1", "ATRIUM_LOG_LEVEL": "warning",
+                  "ATRIUM_DRAIN_GRACE_S": "1"}  # fmt: skip
     servers: list[Server] = []
     with migrated_database() as name:
         url = pg_url(name)
         keys = _tenants(url, tmp / "setup.spool", per_request)
         try:
-            engines = [start_engine(model, free_port(), TOKEN, tmp, engine_env) for _ in range(2)]
+            gateway_ports = [free_port(), free_port()]
+            feed = f"http://127.0.0.1:{gateway_ports[0]}"  # where engines fetch public prefixes
+            engines = [
+                start_engine(model, free_port(), TOKEN, tmp, engine_env, gateway_url=feed)
+                for _ in range(2)
+            ]
             servers += engines
             wait_all(engines, "/health")
             urls = [e.base_url for e in engines]
@@ -109,8 +115,10 @@ def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             for n in range(2):
                 env = {"ATRIUM_DATABASE_URL": url, "ATRIUM_ADMIN_TOKEN": ADMIN_TOKEN,
                        "ATRIUM_USAGE_SPOOL_PATH": str(tmp / f"gw{n}.spool"),
-                       "ATRIUM_LOG_LEVEL": "warning"}  # fmt: skip
-                gateways.append(start_gateway(model, free_port(), router.base_url, TOKEN, env, tmp))
+                       "ATRIUM_LOG_LEVEL": "warning", "ATRIUM_DRAIN_GRACE_S": "1"}  # fmt: skip
+                gateways.append(
+                    start_gateway(model, gateway_ports[n], router.base_url, TOKEN, env, tmp)
+                )
             servers += gateways
             wait_all(gateways, "/readyz")
             served = httpx.get(f"{urls[0]}/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -164,6 +172,30 @@ def test_rate_and_budget_quotas_hold_across_gateways(cluster: Cluster) -> None:
     assert [send("rpm", g) for g in (1, 0)] == [429, 429]
     assert [send("budget", g) for g in (0, 1)] == [200, 200]
     assert [send("budget", g) for g in (0, 1)] == [429, 429]
+
+
+def test_a_published_prefix_reaches_every_engine(cluster: Cluster) -> None:
+    text = "Preamble every tenant of this deployment shares, published once. " * 5
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    published = httpx.post(f"{cluster.gateways[1].base_url}/admin/v1/public-prefixes",
+                           json={"text": text}, headers=admin, timeout=30)  # fmt: skip
+    assert published.status_code == 201, published.text
+    engine_auth = {"Authorization": f"Bearer {TOKEN}"}
+    deadline = time.monotonic() + 30  # engines poll the gateway every 5 s
+    for n, engine in enumerate(cluster.engines):
+        for attempt in range(1000):
+            body = {
+                "model": cluster.model,
+                "prompt": text + "Question?",
+                "max_tokens": 1,
+                "cache_salt": f"fresh-{n}-{attempt}",
+            }  # a namespace that has seen nothing
+            answer = httpx.post(f"{engine.base_url}/v1/completions", json=body,
+                                headers=engine_auth, timeout=30)  # fmt: skip
+            if answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0:
+                break
+            assert time.monotonic() < deadline, f"{engine.base_url} never got the prefix"
+            time.sleep(0.5)
 
 
 def _busy_engine(cluster: Cluster) -> Server:

@@ -134,3 +134,28 @@ def test_metrics_carry_the_names_the_endpoint_picker_reads(engine: tuple[TestCli
     queries = families["vllm:prefix_cache_queries"].samples[0].value
     assert 0 < hits < queries
     assert "atrium_requests_total" in text  # Atrium's own beside them
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("response_format", {"type": "json_object"}), ("suffix", "x"), ("n", 2), ("echo", True),
+     ("priority", 3), ("stream_options", {"include_obfuscation": True})],
+)  # fmt: skip
+def test_fields_the_engine_would_not_honour_are_named(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+    field: str,
+    value: object,
+) -> None:
+    client, model = engine
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, field: value}
+    answer = client.post("/v1/completions", json=body, headers=AUTH)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "unsupported_parameter"
+    assert answer.json()["error"]["param"].startswith(field)
+
+
+def test_defaults_a_router_adds_are_accepted(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
+    client, model = engine
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, "echo": False, "n": 1,
+            "stream": False, "logprobs": None, "cache_salt": "tenant-one"}  # fmt: skip
+    assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200

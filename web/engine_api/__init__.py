@@ -6,6 +6,8 @@ never sees an API key, and learns each request's tenant from the body (``wire``)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,6 +26,7 @@ from web.engine_api.wire import check_token
 from web.errors import handle_exception
 from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
+from web.prefix_feed import start_following
 from web.service_generation import GenerationService, ModelRuntime
 from web.settings import Settings
 from web.tracing import make_tracer_provider
@@ -52,6 +55,7 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
         from web.app import load_runtime
 
         close = None
+        following: asyncio.Task[None] | None = None
         try:
             loaded = runtime
             if loaded is None:
@@ -75,10 +79,15 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
                 admission_concurrency=ADMISSION_CONCURRENCY,
             )
             app.state.generation = service
+            following = start_following(raw_engine, settings.gateway_url, settings.engine_token)
             log.info("engine_ready", model=loaded.name, max_model_len=loaded.max_model_len)
             yield
             await service.drain(settings.drain_grace_s)
         finally:
+            if following is not None:
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await following
             if close is not None:
                 await close()
             provider.shutdown()

@@ -136,7 +136,9 @@ async def _tokenize_prompt(
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
-        body = schemas.decode_body(await request.body(), wire.EngineCompletionRequest)
+        raw = await request.body()
+        body = schemas.decode_body(raw, wire.EngineCompletionRequest)
+        wire.check_fields(msgspec.json.decode(raw))
         principal = _principal(body)
         service.check_model(body.model)
         schemas.check_n(body.n)
@@ -154,7 +156,9 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
-        body = schemas.decode_body(await request.body(), wire.EngineChatRequest)
+        raw = await request.body()
+        body = schemas.decode_body(raw, wire.EngineChatRequest)
+        wire.check_fields(msgspec.json.decode(raw))
         principal = _principal(body)
         service.check_model(body.model)
         schemas.check_n(body.n)

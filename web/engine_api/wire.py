@@ -48,6 +48,53 @@ class EngineChatRequest(ChatCompletionRequest, kw_only=True):
 
 
 TenantFields = EngineCompletionRequest | EngineChatRequest
+TENANT_FIELDS = (
+    "cache_salt",
+    "atrium_tenant_weight",
+    "atrium_kv_cache_share",
+    "atrium_allow_public_prefix",
+    "atrium_prompt_token_ids",
+    "atrium_sampling",
+)
+
+# What an engine's routes honour besides the tenant extension (``sampling_params`` of the OpenAI
+# schemas reads these), and the values it takes for fields it honours only at their default
+# (routers add some of these to every body they forward).
+HONOURED_FIELDS = frozenset(
+    {
+        "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+        "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos", "stream", "stream_options",
+        "user", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+        "stop_token_ids", "include_stop_str_in_output", "min_tokens", "logprobs",
+        "top_logprobs", *TENANT_FIELDS,
+    }
+)  # fmt: skip
+DEFAULT_ONLY_FIELDS: dict[str, object] = {
+    "n": 1, "best_of": 1, "echo": False, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True, "add_generation_prompt": True,
+}  # fmt: skip
+STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
+
+
+def check_fields(raw: object) -> None:
+    """A 400 ``unsupported_parameter`` naming the first field this engine would not honour."""
+    if not isinstance(raw, dict):
+        raise bad_request("The body must be a JSON object.")
+    for name, value in raw.items():
+        if value is None or name in HONOURED_FIELDS:
+            continue
+        if name in DEFAULT_ONLY_FIELDS and value == DEFAULT_ONLY_FIELDS[name]:
+            continue
+        raise bad_request(
+            f"`{name}` is not supported by the engine API.", name, code="unsupported_parameter"
+        )
+    options = raw.get("stream_options")
+    for name in options if isinstance(options, dict) else ():
+        if name not in STREAM_OPTIONS:
+            param = f"stream_options.{name}"
+            raise bad_request(
+                f"`{param}` is not supported by the engine API.", param, "unsupported_parameter"
+            )
 
 
 def check_token(header: str, expected: str) -> None:
