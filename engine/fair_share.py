@@ -5,12 +5,13 @@ work runs. The next admission comes from the backlogged tenant with the smallest
 returning from idle is lifted to the smallest counter among the tenants that are backlogged or
 running (or, when none are, to the largest counter any tenant has reached: an idle engine banks
 nobody's credit), and wins the tie with the tenants at that counter until it is next served.
-Among tenants level on all of that, the one with the fewest requests waiting or running goes
-first. The counter alone decides, whatever the tenants' requests cost: a tenant of long prompts
-and one of long answers each get their weight's share of the work, not of the slots. Tenants
-served ahead of the least-served one take at most their weighted share of a step's prefill
-budget (``prefill_caps``). Inside a tenant, the request with the longest cached prefix goes
-first (measured once, on arrival).
+Tenants within ``LEVEL_BAND`` of the least-served active one count as level; among level tenants
+the one with the fewest requests waiting or running goes first, so a tenant's short burst is not
+split evenly with a flood that arrives beside it. Beyond the band the counter alone decides,
+whatever the tenants' requests cost: a tenant of long prompts and one of long answers each get
+their weight's share of the work, not of the slots. Tenants served ahead of the least-served one
+take at most their weighted share of a step's prefill budget (``prefill_caps``). Inside a tenant,
+the request with the longest cached prefix goes first (measured once, on arrival).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ MIN_SHARE_DIVISOR = 8
 # of tenants served fairly stay within a request's cost of each other, and preempting at smaller
 # leads trades work (the victim's unfinished page is computed again) for no fairness.
 PREEMPT_LEAD = 1024.0
+# Tenants whose counters are within this of the least-served active tenant's are level (about a
+# light tenant's burst of two short requests at weight 1): among them the one with the fewest
+# requests in the engine goes first, so a flood arriving with a few others' prompts does not share
+# the prefill with them evenly; within a step-time target, the decodes of a tenant beyond it sit
+# out a step for a level tenant's prompt. Bounded: a tenant is never served ahead of one more
+# than this below it.
+LEVEL_BAND = 256.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +71,13 @@ class FairSharePolicy(AdmissionPolicy):
         costs: FairShareCosts | None = None,
         prefix_len: Callable[[Request], int] | None = None,
         preempt_lead: float = PREEMPT_LEAD,
+        level_band: float = LEVEL_BAND,
+        decode_lead: float | None = LEVEL_BAND,
     ) -> None:
         self.costs = costs or FairShareCosts()
         self.preempt_lead = preempt_lead
+        self.level_band = level_band
+        self._decode_lead = decode_lead
         self._prefix_len = prefix_len
         self._tenants: dict[str, _Tenant] = {}
         self._backlogged: set[str] = set()
@@ -74,6 +86,7 @@ class FairSharePolicy(AdmissionPolicy):
         self._num_waiting = 0
         self._slots: Mapping[str, int] = {}  # running requests per tenant (the scheduler's)
         self._max_counter = 0.0  # the largest counter reached: the floor of an idle engine
+        self._floor = 0.0  # the least-served active tenant's counter as the step began
 
     # -- counters -----------------------------------------------------------------------------
 
@@ -81,9 +94,34 @@ class FairSharePolicy(AdmissionPolicy):
         tenant = self._tenants.get(tenant_id)
         return tenant.counter if tenant else 0.0
 
-    def service_key(self, request: Request) -> float:
-        """The tenant's counter: prefill budget goes first to the least-served tenant's work."""
-        return self.counter(request.tenant_id)
+    def begin_step(self) -> None:
+        """Take the least-served active tenant's counter: the floor of this step's level band.
+        O(tenants)."""
+        self._floor = self._idle_floor()
+
+    def service_key(self, request: Request) -> tuple[float, ...]:
+        """The tenant's place in line: prefill budget goes first to the least-served tenant's
+        work (its counter, or the band's floor while within ``level_band`` of it), then to a
+        tenant back from idle, then to the tenant with the fewest requests in the engine."""
+        tenant = self._tenant(request)
+        return self._key(request.tenant_id, tenant)
+
+    def _key(self, tenant_id: str, tenant: _Tenant) -> tuple[float, float, float]:
+        counter = tenant.counter
+        if counter < self._floor + self.level_band:
+            counter = min(counter, self._floor)
+        return (
+            counter,
+            float(not tenant.returning),
+            float(tenant.num_waiting + self._slots.get(tenant_id, 0)),
+        )
+
+    @property
+    def decode_lead(self) -> float | None:
+        return self._decode_lead
+
+    def service(self, tenant_id: str) -> float:
+        return self.counter(tenant_id)
 
     def charge(self, request: Request, num_uncached: int, num_cached: int, num_output: int) -> None:
         tenant = self._tenant(request)
@@ -157,21 +195,15 @@ class FairSharePolicy(AdmissionPolicy):
 
     def _next_tenant(self, skip: Collection[str] = ()) -> _Tenant | None:
         best: _Tenant | None = None
-        best_key: tuple[float, bool, int, int] | None = None
-        slots = self._slots
+        best_key: tuple[tuple[float, float, float], int] | None = None
         for tenant_id in self._backlogged:
             if tenant_id in skip:
                 continue
             tenant = self._tenants[tenant_id]
             self._drop_removed(tenant)
-            key = (
-                tenant.counter,
-                not tenant.returning,
-                # Among equals, the tenant with the fewest requests in the engine goes first:
-                # a round of turns serves the small queues before the flood's.
-                tenant.num_waiting + slots.get(tenant_id, 0),
-                tenant.heap[0][1],
-            )
+            # Among level tenants, the one with the fewest requests in the engine goes first: a
+            # round of turns serves the small queues before the flood's.
+            key = (self._key(tenant_id, tenant), tenant.heap[0][1])
             if best_key is None or key < best_key:
                 best, best_key = tenant, key
         return best

@@ -74,12 +74,28 @@ class AdmissionPolicy(ABC):
         the scheduler) and the number of slots (used by slot-aware policies)."""
         return None
 
-    def service_key(self, request: Request) -> float:
+    def begin_step(self) -> None:
+        """Called by the scheduler as a step's schedule begins (policies that order by the
+        state of the whole engine take it here, once a step)."""
+        return None
+
+    def service_key(self, request: Request) -> tuple[float, ...]:
         """Order of prefill work within a step: lower goes first. Admission order by default (a
         waiting request sorts after every running one)."""
         if request.status is not RequestStatus.RUNNING:
-            return float("inf")
-        return float(request.admitted_index)
+            return (float("inf"),)
+        return (float(request.admitted_index),)
+
+    def service(self, tenant_id: str) -> float:
+        """The work a tenant has been served, in the units of ``decode_lead``."""
+        return 0.0
+
+    @property
+    def decode_lead(self) -> float | None:
+        """How far (in ``service`` units) a tenant must be ahead of one whose prompt waits
+        before its decodes may sit out a step for that prompt (within a step-time target);
+        None: decodes never do (admission order says nothing about who was served more)."""
+        return None
 
     def pick_victim(
         self, candidates: list[Request], beneficiary: Request | None = None

@@ -6,7 +6,8 @@ may cap what a tenant's prefill takes of a step (``prefill_caps``): under fair s
 served ahead of the least-served one get their weighted share of the budget, so a step stays
 short and the next prompt of a tenant behind them waits for one short step. With a step-time
 target (``engine/step_target.py``) the target bounds instead how many requests run and how much
-prefill goes beside their decodes.
+prefill goes beside their decodes, and the decodes of tenants served far more than one whose
+prompt waits sit out a step so that the prompt fits in it (the policy's ``decode_lead``).
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
@@ -114,6 +115,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
         self._slot_limit = self.slot_limit
+        self.policy.begin_step()
         self._free_slot_for_fairness(out)
         num_fair_preemptions = len(out.preempted)
         key = self.policy.service_key
@@ -121,6 +123,9 @@ class Scheduler:
         # Unfinished prefills in the policy's order (the least-served tenant's first; the sort
         # is stable, so admission order within a tenant).
         prefills = sorted((r for r in self.running if r.num_remaining_tokens > 1), key=key)
+        deferred: list[Request] = []
+        if self.target is not None:
+            decodes, deferred = self._defer_decodes_ahead(decodes, prefills)
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
         num_decodes = out.num_decodes = len(out.seqs)
@@ -149,10 +154,67 @@ class Scheduler:
             budget -= used
         if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
             budget = self._admit(out, budget, scheduled, caps)
+        if deferred and len(out.seqs) == num_decodes:
+            # The prompt they sat out for could not run (no pages, no slot): they run after all.
+            budget, num_decodes = self._run_late_decodes(
+                deferred, out, budget + held_back, scheduled
+            )
+            held_back = 0
         if self.drafter is not None and budget > 0:
             budget = self._add_drafts(out, num_decodes, budget)
         out.num_batched_tokens = self.max_num_batched_tokens - budget - held_back
         return out
+
+    def _defer_decodes_ahead(
+        self, decodes: list[Request], prefills: list[Request]
+    ) -> tuple[list[Request], list[Request]]:
+        """The decodes that run this step, and those that sit it out. Within a step-time target,
+        the decodes of tenants served far more (``policy.decode_lead``) than a tenant whose
+        prompt is waiting sit this step out, the most-served first, until the step has room for
+        that prompt: a flood's decodes then do not lengthen the first token of the tenants it
+        would crowd out, and its counter stands still while theirs catch up. O(running)."""
+        lead = self.policy.decode_lead
+        target = self.target
+        if lead is None or target is None or not decodes:
+            return decodes, []
+        served = self.policy.service
+        pending = list(prefills)
+        if len(self.running) < self._slot_limit:
+            head = self.policy.peek()
+            if head is not None:
+                pending.append(head)
+        if not pending:
+            return decodes, []
+        threshold = min(served(r.tenant_id) for r in pending) + lead
+        demand = sum(r.num_remaining_tokens for r in pending if served(r.tenant_id) <= threshold)
+        ahead = sorted(
+            (r for r in decodes if served(r.tenant_id) > threshold),
+            key=lambda r: (served(r.tenant_id), r.admitted_index),
+        )
+        num_kept = len(decodes)
+        deferred: set[str] = set()
+        while ahead and target.prefill_budget(num_kept) < demand:
+            deferred.add(ahead.pop().request_id)
+            num_kept -= 1
+        if not deferred:
+            return decodes, []
+        kept = [r for r in decodes if r.request_id not in deferred]
+        return kept, [r for r in decodes if r.request_id in deferred]
+
+    def _run_late_decodes(
+        self, deferred: list[Request], out: SchedulerOutput, budget: int, scheduled: set[str]
+    ) -> tuple[int, int]:
+        """Run decodes that sat out a step in which no prefill ran after all, ahead of the
+        step's other sequences (decodes come first); returns the budget left and the step's
+        number of decodes."""
+        late = SchedulerOutput()
+        for request in deferred:
+            budget = self._run(request, budget, late, scheduled)
+        out.seqs[:0] = late.seqs
+        out.preempted.extend(late.preempted)
+        out.finished.extend(late.finished)
+        out.num_decodes += len(late.seqs)
+        return budget, out.num_decodes
 
     def _num_active_tenants(self) -> int:
         """Tenants with requests running or waiting; O(tenants)."""
@@ -317,8 +379,6 @@ class Scheduler:
     def _comes_before(self, waiting: Request, running: Request) -> bool:
         key = self.policy.service_key
         waiting_key, running_key = key(waiting), key(running)
-        if waiting_key == running_key:
-            return waiting.tenant_id != running.tenant_id and waiting_key != float("inf")
         return waiting_key < running_key
 
     def _follows_inflight_prefill(self, request: Request, num_matched: int) -> bool:
@@ -368,10 +428,17 @@ class Scheduler:
             request.block_table.extend(self.cache.allocate(need, request.owner, request.namespace))
 
     def _pick_victim(self, scheduled: set[str], requester: Request) -> Request | None:
+        """A running request to preempt for ``requester``'s pages. A prompt takes pages only
+        from requests admitted after it: two prompts that each need most of the pages would
+        otherwise take them from each other in turn and neither would ever finish (a decode
+        moves on by a token each time, so it may take from any)."""
+        prefill = requester.num_remaining_tokens > 1
         candidates = [
             request
             for request in self.running
-            if request is not requester and request.request_id not in scheduled
+            if request is not requester
+            and request.request_id not in scheduled
+            and not (prefill and request.admitted_index < requester.admitted_index)
         ]
         return self.policy.pick_victim(candidates)
 

@@ -3,7 +3,8 @@
 Every finished request is replaced by its tenant's next one at once (a closed loop); the work
 each tenant got is counted from the tokens themselves (prompt tokens prefilled or found cached
 at admission, output tokens sampled), priced with the fair-share costs, never read back from
-the policy's counters.
+the policy's counters. With a step-time target, a virtual clock advances each step by the
+target's cost model (no scale), and each request's time to first token is kept.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class ClosedLoop:
     ids: itertools.count[int] = field(init=False)
     prefixes: dict[str, list[int]] = field(init=False)
     admitted: set[str] = field(default_factory=set)  # request ids whose cached prefix counted
+    now_s: float = 0.0  # the virtual clock (with a target)
+    submitted_s: dict[str, float] = field(default_factory=dict)
+    first_token_s: dict[str, list[float]] = field(default_factory=dict)  # per tenant
 
     def __post_init__(self) -> None:
         cache = RadixPrefixCache(PagePool(self.num_pages), 16)
@@ -80,6 +84,7 @@ class ClosedLoop:
             arrival_index=next(self.ids),
             tenant_weight=self.weights[tenant],
         )
+        self.submitted_s[rid] = self.now_s
         self.scheduler.add(request)
 
     def run(self, steps: int, count: bool = True) -> None:
@@ -87,6 +92,14 @@ class ClosedLoop:
         sched = self.scheduler
         for _ in range(steps):
             out = sched.schedule()
+            if self.target is not None and out.seqs:
+                num_decodes = out.num_decodes
+                step = self.target.costs
+                self.now_s += (
+                    step.fixed_s
+                    + step.per_decode_s * num_decodes
+                    + step.per_prefill_token_s * (out.num_batched_tokens - num_decodes)
+                )
             self.max_running = max(self.max_running, len(sched.running))
             for seq in out.seqs:
                 request = seq.request
@@ -102,6 +115,9 @@ class ClosedLoop:
                 request = seq.request
                 if not seq.sample or request.is_finished:
                     continue
+                if count and request.num_output_tokens == 0:
+                    waited = self.now_s - self.submitted_s[request.request_id]
+                    self.first_token_s.setdefault(request.tenant_id, []).append(waited)
                 request.append_token(self.rng.randrange(1000, 30000))
                 if count:
                     self.work[request.tenant_id] += costs.output_token

@@ -50,7 +50,7 @@ def test_equal_weights_share_equally_despite_ten_times_the_requests() -> None:
 
 
 def test_weights_two_to_one_give_two_thirds() -> None:
-    policy = FairSharePolicy()
+    policy = FairSharePolicy(level_band=0.0)  # the counters alone, at this small scale
     for _ in range(200):
         policy.add(make_request("heavy", weight=2.0))
         policy.add(make_request("light", weight=1.0))
@@ -73,7 +73,7 @@ def test_returning_tenant_gets_no_burst_for_its_idle_time() -> None:
 
 
 def test_a_returning_tenant_wins_the_tie_once_then_alternates() -> None:
-    policy = FairSharePolicy()
+    policy = FairSharePolicy(level_band=0.0)
     for _ in range(10):
         policy.add(make_request("busy"))
     serve(policy, steps=3, cost=10)
@@ -89,7 +89,7 @@ def test_a_returning_tenant_wins_the_tie_once_then_alternates() -> None:
 
 
 def test_the_counter_decides_whatever_slots_the_tenants_hold() -> None:
-    policy = FairSharePolicy()
+    policy = FairSharePolicy(level_band=0.0)
     slots: dict[str, int] = {}
     policy.bind_running(slots, max_num_seqs=8)
     for _ in range(5):
@@ -100,6 +100,37 @@ def test_the_counter_decides_whatever_slots_the_tenants_hold() -> None:
     assert policy.pop().tenant_id == "flood"
     policy.charge(make_request("flood"), 0, 0, 60)  # now flood has been served more
     assert policy.pop().tenant_id == "quiet"
+
+
+def test_level_tenants_go_fewest_requests_first_and_the_band_bounds_it() -> None:
+    policy = FairSharePolicy(level_band=100.0)
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=64)
+    for _ in range(20):
+        policy.add(make_request("flood"))
+    for _ in range(2):
+        policy.add(make_request("light"))
+    order = []
+    for _ in range(6):
+        policy.begin_step()
+        request = policy.pop()
+        slots[request.tenant_id] = slots.get(request.tenant_id, 0) + 1
+        policy.charge(request, 30, 0, 0)
+        order.append(request.tenant_id)
+    # Light's two prompts go first although its counter passed flood's after the first (30 is
+    # within the band of 100); then flood, which has nothing left to compete with.
+    assert order == ["light", "light", "flood", "flood", "flood", "flood"]
+    for _ in range(3):
+        policy.add(make_request("light"))
+    policy.begin_step()  # light 60 and flood 120: level, and light has fewer requests
+    head = policy.peek()
+    assert head is not None and head.tenant_id == "light"
+    policy.charge(make_request("light"), 0, 0, 100)  # light at 260, beyond flood's 120 + 100
+    policy.begin_step()
+    assert policy.pop().tenant_id == "flood"
+    # Beyond the band the counter alone decides, whatever the queues hold.
+    assert policy.service_key(make_request("light"))[0] == 260.0
+    assert policy.service_key(make_request("flood"))[0] == 120.0
 
 
 def test_a_victim_for_another_tenant_comes_from_a_tenant_ahead_of_it() -> None:

@@ -3,12 +3,14 @@
 Over the slots, service converges to the weights whatever the arrival order and whatever the
 tenants' requests cost (long prompts, long answers, cached prefixes). Within the slots, a
 step-time target holds fewer requests running, so a queue forms and the weights act there too.
+A flooder beside light tenants barely moves their first tokens (on a virtual clock).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from engine.fair_share import FairSharePolicy
 from engine.step_target import StepCosts, StepTarget
 from tests.support.closed_loop import ClosedLoop, Shape
 
@@ -90,3 +92,44 @@ def test_within_a_target_several_tenants_prompts_go_in_short_steps_one_alone_in_
     for tenant in WEIGHTS:
         shared.start(tenant, 1)
     assert shared.scheduler.schedule().num_batched_tokens == target.prefill_budget(0) == 80
+
+
+LIGHT = {"t1": 1.0, "t2": 1.0, "t3": 1.0}
+# A 2-core CPU's measured costs (12 ms a step, 0.75 ms a decode, 0.55 ms a prompt token).
+CPU = StepCosts(fixed_s=0.012, per_decode_s=0.00075, per_prefill_token_s=0.00055)
+
+
+def light_first_tokens(flooder: bool, as_served: bool) -> dict[str, list[float]]:
+    """Three light tenants with 2 requests in flight (and a flooder with 20), all arriving at
+    once, 1,200 steps; each light tenant's times to first token."""
+    weights = {**LIGHT, "flood": 1.0}
+    shapes = {t: Shape(0, 120, 48) for t in weights}
+    loop = ClosedLoop(weights, shapes, max_num_seqs=64, target=StepTarget(0.060, CPU))
+    if not as_served:  # the counters alone: no tenants level, no decodes yielding
+        loop.scheduler.policy = FairSharePolicy(level_band=0.0, decode_lead=None)
+        loop.scheduler.policy.bind_running(loop.scheduler.slots, 64)
+    for tenant in LIGHT:
+        loop.start(tenant, 2)
+    if flooder:
+        loop.start("flood", 20)
+    loop.run(1200)
+    assert flooder == (loop.tokens["flood"] > 0)
+    return {t: loop.first_token_s[t] for t in LIGHT}
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+@pytest.mark.parametrize("as_served", [True, False])
+def test_a_flooder_barely_moves_the_light_tenants_first_tokens(as_served: bool) -> None:
+    calm = light_first_tokens(flooder=False, as_served=as_served)
+    flood = light_first_tokens(flooder=True, as_served=as_served)
+    worst = {t: max(flood[t]) / max(calm[t]) for t in LIGHT}
+    typical = {t: median(flood[t]) / median(calm[t]) for t in LIGHT}
+    if as_served:  # level tenants go fewest requests first, and the flood's decodes yield
+        assert all(r <= 1.15 for r in worst.values()), worst
+        assert all(r <= 1.15 for r in typical.values()), typical
+    else:  # the flood shares the first prefill evenly and its decodes lengthen every step
+        assert max(worst.values()) > 1.2, worst
+        assert max(typical.values()) > 1.4, typical
