@@ -153,6 +153,19 @@ def test_engines_answer_health_and_have_time_to_drain(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engines_follow_public_prefixes_from_the_gateway_service(overlay: str) -> None:
+    objects = render(overlay)
+    parts = by_component(objects)
+    (engine,) = containers(parts["engine"])
+    url = env_of(engine)["ATRIUM_GATEWAY_URL"]["value"]
+    found = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", url)
+    assert found is not None, url
+    service = find(objects, "Service", found.group(1))
+    assert int(found.group(2)) in [p["port"] for p in service["spec"]["ports"]]
+    assert selects(_as_selector(service), pod_labels(parts["gateway"]))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_router_discovers_engines_with_the_rights_it_has(overlay: str) -> None:
     objects = render(overlay)
     parts = by_component(objects)

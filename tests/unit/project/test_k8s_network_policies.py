@@ -1,6 +1,6 @@
 """platform/k8s NetworkPolicies, evaluated as Kubernetes does for ingress: tenants reach only
-gateways, only gateways reach the router, only the router reaches engines, and only gateways and
-the migration job reach the development PostgreSQL."""
+gateways, only gateways reach the router, engines take requests only from the router and state
+polls from gateways, and only gateways and the migration job reach the development PostgreSQL."""
 
 from __future__ import annotations
 
@@ -96,11 +96,13 @@ EXPECTED = {
     ("tenant", "gateway", "http"): True,
     ("neighbour", "gateway", "http"): True,
     ("router", "gateway", "http"): True,
+    ("engine", "gateway", "http"): True,  # the public-prefix feed
     ("tenant", "router", "http"): False,
     ("tenant", "engine", "http"): False,
     ("tenant", "postgres", "postgres"): False,
     ("gateway", "router", "http"): True,
-    ("gateway", "engine", "http"): False,
+    # The admin engine view: each engine's /atrium/v1/state, read with the engine token.
+    ("gateway", "engine", "http"): True,
     ("gateway", "postgres", "postgres"): True,
     ("router", "engine", "http"): True,
     ("router", "postgres", "postgres"): False,
