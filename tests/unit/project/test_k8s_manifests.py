@@ -150,6 +150,10 @@ def test_engines_answer_health_and_have_time_to_drain(overlay: str) -> None:
     # prod serves from GPUs; dev runs the default model on the CPU of any cluster.
     assert gpus == (1 if overlay == "prod" else None)
     assert container["resources"]["requests"].get("nvidia.com/gpu") == gpus
+    if gpus is None:  # a CPU engine's KV pool must fit its memory limit, named explicitly
+        kv_bytes = int(env_of(container)["ATRIUM_KV_CACHE_BYTES"]["value"])
+        limit = _bytes(container["resources"]["limits"]["memory"])
+        assert kv_bytes <= limit // 2
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -265,6 +269,14 @@ def _probe_port_exists(container: Obj, probe: Obj) -> bool:
     declared = {p.get("name") for p in container.get("ports", [])}
     declared |= {p["containerPort"] for p in container.get("ports", [])}
     return action["port"] in declared
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity)
 
 
 def _numbers(workload: Obj) -> set[int]:
