@@ -198,6 +198,17 @@ def test_a_published_prefix_reaches_every_engine(cluster: Cluster) -> None:
             time.sleep(0.5)
 
 
+def test_the_engine_view_lists_every_engine(cluster: Cluster) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    state = httpx.get(f"{cluster.gateways[1].base_url}/admin/v1/engine", headers=admin).json()
+    engines = state["engines"]
+    assert sorted(e["url"] for e in engines) == sorted(e.base_url for e in cluster.engines)
+    assert all(e["healthy"] for e in engines)
+    assert state["kv_pages_total"] == sum(e["kv_pages_total"] for e in engines) > 0
+    named = {t["tenant_name"] for t in state["tenants"]}
+    assert {"alpha", "beta"} <= named  # their cached pages, summed over the engines
+
+
 def _busy_engine(cluster: Cluster) -> Server:
     for engine in cluster.engines:
         text = httpx.get(f"{engine.base_url}/metrics",

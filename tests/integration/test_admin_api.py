@@ -253,6 +253,8 @@ def test_engine_state(db_url: str) -> None:
         assert state["kv_pages_total"] == 100 and state["kv_pages_free"] == 60
         assert state["hit_rate"] == 0.25
         assert state["tenants"][0]["tenant_id"] == "tn_a"
+        (local,) = state["engines"]  # the gateway's own engine, listed as one
+        assert (local["url"], local["kv_pages_total"], local["num_running"]) == ("local", 100, 2)
 
 
 def test_an_engine_without_a_state_report(db_url: str) -> None:

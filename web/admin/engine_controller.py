@@ -9,9 +9,15 @@ from litestar import get
 
 from engine.stats import EngineSnapshot
 from web.admin.context import engine, services
-from web.admin.engine_state import TokenRate, processed_tokens, to_engine_state
+from web.admin.engine_state import (
+    TokenRate,
+    processed_tokens,
+    to_engine_state,
+    to_instance_state,
+)
 from web.admin.schemas import EngineState
 from web.admin.tenants_controller import AdminRequest
+from web.engine_api.fleet import EngineView
 from web.errors import ApiError
 
 RATE_STATE = "admin_token_rate"
@@ -28,15 +34,40 @@ def _running_engine(request: AdminRequest) -> Any:
     return found
 
 
+def _rate(request: AdminRequest, key: str) -> TokenRate:
+    """The token-rate sampler of one engine (``key``), kept on the app between polls."""
+    rates = request.app.state.get(RATE_STATE)
+    if not isinstance(rates, dict):
+        rates = request.app.state[RATE_STATE] = {}
+    rate = rates.get(key)
+    if not isinstance(rate, TokenRate):
+        rate = rates[key] = TokenRate()
+    return rate
+
+
 @get("/engine", tags=["admin"])
 async def engine_status(request: AdminRequest) -> EngineState:
-    snapshot = await _maybe_await(_running_engine(request).stats())
+    """Every engine this gateway sends to: its own process, or those behind its engine URL
+    (the router's worker list, polled now), each listed and all of them summed."""
+    running = _running_engine(request)
+    fleet = getattr(running, "fleet", None)
+    views = await fleet.poll() if fleet is not None else None
+    snapshot = await _maybe_await(running.stats())
     if not isinstance(snapshot, EngineSnapshot):
         raise ApiError(501, "This engine does not report its state.", code="not_implemented")
-    state = request.app.state
-    rate = state.get(RATE_STATE)
-    if not isinstance(rate, TokenRate):
-        rate = state[RATE_STATE] = TokenRate()
-    tokens_per_s = rate.sample(processed_tokens(snapshot))
+    if views is None:
+        views = [EngineView("local", bool(getattr(running, "is_running", True)), snapshot)]
+    engines = [
+        to_instance_state(
+            view.url,
+            view.healthy,
+            view.snapshot,
+            _rate(request, view.url).sample(processed_tokens(view.snapshot)),
+        )
+        for view in views
+    ]
     tenants = await (await services(request)).tenants.list_tenants(include_deleted=True)
-    return to_engine_state(snapshot, {t.id: t.name for t in tenants}, tokens_per_s)
+    state = to_engine_state(snapshot, {t.id: t.name for t in tenants}, 0.0)
+    state.tokens_per_s = sum(e.tokens_per_s for e in engines)
+    state.engines = engines
+    return state

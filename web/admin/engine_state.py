@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine.stats import EngineSnapshot
-from web.admin.schemas import EngineState, TenantEngineState
+from web.admin.schemas import EngineInstanceState, EngineState, TenantEngineState
 
 MIN_INTERVAL_S = 0.5
 TENANT_PREFIX = "tenant:"
@@ -77,4 +77,19 @@ def to_engine_state(
         kv_pages_free=snapshot.num_pages_free,
         hit_rate=hit_rate(snapshot),
         tenants=tenants,
+    )
+
+
+def to_instance_state(
+    url: str, healthy: bool, snapshot: EngineSnapshot, tokens_per_s: float
+) -> EngineInstanceState:
+    return EngineInstanceState(
+        url=url,
+        healthy=healthy,
+        tokens_per_s=tokens_per_s,
+        num_running=snapshot.num_running,
+        num_waiting=snapshot.num_waiting,
+        kv_pages_total=snapshot.num_pages_total,
+        kv_pages_free=snapshot.num_pages_free,
+        hit_rate=hit_rate(snapshot),
     )

@@ -95,8 +95,22 @@ class TenantEngineState(msgspec.Struct, kw_only=True):
     hit_rate: float | None
 
 
+class EngineInstanceState(msgspec.Struct, kw_only=True):
+    """One engine as last seen: ``url`` is ``local`` for the gateway's own engine process."""
+
+    url: str
+    healthy: bool
+    tokens_per_s: float
+    num_running: int
+    num_waiting: int
+    kv_pages_total: int
+    kv_pages_free: int
+    hit_rate: float | None
+
+
 class EngineState(msgspec.Struct, kw_only=True):
-    """The engine's live state as the console's overview draws it."""
+    """The engines' live state as the console's overview draws it: the numbers summed over
+    every engine, per tenant, and per engine in ``engines``."""
 
     tokens_per_s: float
     num_running: int
@@ -105,3 +119,4 @@ class EngineState(msgspec.Struct, kw_only=True):
     kv_pages_free: int
     hit_rate: float | None
     tenants: list[TenantEngineState]
+    engines: list[EngineInstanceState] = msgspec.field(default_factory=list)

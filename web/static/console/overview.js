@@ -1,4 +1,4 @@
-// Overview: polls the engine's live state and redraws the cards and the per-tenant table.
+// Overview: polls the engines' live state and redraws the cards, the per-tenant and per-engine tables.
 "use strict";
 
 (() => {
@@ -31,6 +31,17 @@
       body.append(row);
     }
     document.getElementById("ov-empty").hidden = state.tenants.length > 0;
+    const engines = document.querySelector("#ov-engines tbody");
+    engines.replaceChildren();
+    for (const e of state.engines || []) {
+      const row = document.createElement("tr");
+      row.append(cell(e.url), cell(e.healthy ? "up" : "unreachable"),
+        cell(format.dec(e.tokens_per_s), true), cell(format.int(e.num_running), true),
+        cell(format.int(e.num_waiting), true),
+        cell(`${format.int(e.kv_pages_total - e.kv_pages_free)} / ${format.int(e.kv_pages_total)}`, true),
+        cell(format.pct(e.hit_rate), true));
+      engines.append(row);
+    }
     document.getElementById("ov-updated").textContent = new Date().toLocaleTimeString();
   }
 
