@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ class Faults:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.database_down = False
         self.disk_full = False
+        self.disk_errno = errno.ENOSPC  # or EROFS: the spool's file system went read-only
         write, append = UsageStore.write, Spool.append
 
         async def failing_write(store: UsageStore, events: Sequence[UsageEvent]) -> int:
@@ -40,7 +42,7 @@ class Faults:
 
         def failing_append(spool: Spool, events: Sequence[UsageEvent]) -> None:
             if self.disk_full:
-                raise OSError(errno.ENOSPC, "No space left on device")
+                raise OSError(self.disk_errno, os.strerror(self.disk_errno))
             append(spool, events)
 
         async def failing_insert(db: Any, session: Any, events: Sequence[UsageEvent]) -> Any:
@@ -74,10 +76,12 @@ def gateway(
         yield client, {"Authorization": f"Bearer {key}"}, faults
 
 
+@pytest.mark.parametrize("disk_errno", [errno.ENOSPC, errno.EROFS], ids=["full", "read_only"])
 def test_a_failing_spool_stops_paid_work_until_the_disk_recovers(
-    gateway: tuple[TestClient[Any], dict[str, str], Faults],
+    gateway: tuple[TestClient[Any], dict[str, str], Faults], disk_errno: int
 ) -> None:
     client, auth, faults = gateway
+    faults.disk_errno = disk_errno
     assert client.post("/v1/completions", json=PROMPT, headers=auth).status_code == 200
     assert client.get("/readyz").status_code == 200
 
@@ -101,3 +105,5 @@ def test_a_failing_spool_stops_paid_work_until_the_disk_recovers(
     assert not meter.spooled and meter.held == 0
     books = asyncio.run(read_books(client.app.state.settings.database_url))
     assert len(books.request_ids) == 3  # every request served is stored, once
+    assert len(set(books.request_ids)) == 3
+    assert (books.budget_reserved, books.reservations, books.in_flight) == (0, 0, 0)

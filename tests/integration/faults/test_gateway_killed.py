@@ -26,7 +26,7 @@ from tests.support.postgres import migrate, pg_url
 from tests.support.serve import free_port
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("crash_gateway_worker.py")
 LEASE_S = 1.5
 STREAM = {"model": MODEL, "prompt": "a long story", "max_tokens": 200, "stream": True}
@@ -66,7 +66,7 @@ def _gateway(
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # start-up alone takes 15 s on a busy 2-core box
         while True:
             assert proc.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, "gateway not ready:\n" + log_path.read_text()
@@ -123,19 +123,20 @@ def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
         killed_at = time.monotonic()
 
     with _gateway(tiny_llama_dir, database_url, tmp_path, "second") as (base, _):
+        ready_at = time.monotonic()  # a restart's own time depends on the machine's load
         while True:
             served = httpx.post(base + "/v1/completions", json=SHORT, headers=auth, timeout=10)
             if served.status_code == 200:
                 break
             assert served.status_code == 429, served.text  # the dead gateway's slot, for now
-            assert time.monotonic() - killed_at < 20, "the tenant is still locked out"
+            assert time.monotonic() - ready_at < 20, "the tenant is still locked out"
             time.sleep(0.1)
-        waited = time.monotonic() - killed_at
+        waited = time.monotonic() - ready_at
         books = asyncio.run(read_books(database_url))
         assert books.reservations == 0 and books.in_flight == 0  # the served one settled too
 
-    # Within the lease (and one renewal interval of the reclaimer), plus the restart itself.
-    assert waited < 15, waited
+    # Within the lease (1.5 s) and one renewal interval of the reclaimer, once restarted.
+    assert waited < 10, (waited, ready_at - killed_at)
     (status, prompt_tokens, completion_tokens), *more = asyncio.run(
         _events_of(database_url, killed)
     )
