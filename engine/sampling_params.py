@@ -13,6 +13,7 @@ from engine.structured.spec import GrammarSpec
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
 MAX_LOGIT_BIAS = 300  # biased tokens per request
+MAX_STOP_TOKEN_IDS = 256  # checked against every generated token
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +78,12 @@ class SamplingParams:
             raise InvalidRequestError("seed must be a non-negative 64-bit integer", "seed")
         if len(self.stop) > 16 or any(not s for s in self.stop):
             raise InvalidRequestError("stop takes at most 16 non-empty strings", "stop")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids must be non-negative", "stop_token_ids")
+        ids = self.stop_token_ids
+        if len(ids) > MAX_STOP_TOKEN_IDS or any(t < 0 for t in ids):
+            raise InvalidRequestError(
+                f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} non-negative ids",
+                "stop_token_ids",
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not math.isfinite(value) or not -2.0 <= value <= 2.0:

@@ -87,6 +87,7 @@ def test_batched_rows_equal_the_row_by_row_reference() -> None:
         (SamplingParams(logit_bias=((-1, 1.0),)), "logit_bias"),
         (SamplingParams(max_tokens=4, min_tokens=5), "min_tokens"),
         (SamplingParams(logprobs=21), "logprobs"),
+        (SamplingParams(stop_token_ids=tuple(range(257))), "stop_token_ids"),
     ],
 )
 def test_out_of_range_values_name_their_parameter(params: SamplingParams, param: str) -> None:
