@@ -19,11 +19,14 @@ CUDA_MEMORY_FRACTION = 0.9
 # Where free memory cannot be read (no /proc/meminfo, no psutil): the old fixed pool.
 FALLBACK_KV_CACHE_BYTES = 256 * 2**20
 MEMINFO = Path("/proc/meminfo")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+SELF_CGROUP = Path("/proc/self/cgroup")
+_NO_LIMIT = 2**60  # cgroup v1 writes "unlimited" as a number near 2**63
 
 
 class FreeMemory(NamedTuple):
     num_bytes: int
-    source: str  # "meminfo", "psutil" or "cuda"
+    source: str  # "meminfo", "cgroup" (a container's limit left less), "psutil" or "cuda"
 
 
 class KvPoolSize(NamedTuple):
@@ -55,9 +58,44 @@ def parse_mem_available(meminfo: str) -> int | None:
     return None
 
 
-def free_memory(device: torch.device, meminfo: Path = MEMINFO) -> FreeMemory | None:
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (v2): no limit
+
+
+def cgroup_room(self_cgroup: str, root: Path = CGROUP_ROOT) -> int | None:
+    """Bytes this process's memory cgroup still allows (limit less usage), or None without a
+    limit. A container's limit is invisible in ``/proc/meminfo``, which shows the host's."""
+    for line in self_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":  # v2: one unified hierarchy
+            names = ("memory.max", "memory.current")
+            dirs = [root / relative, root]
+        elif "memory" in controllers.split(","):
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+            dirs = [root / "memory" / relative, root / "memory"]
+        else:
+            continue
+        for folder in dirs:  # the process's own path, or the namespace's root in a container
+            limit, usage = _read_int(folder / names[0]), _read_int(folder / names[1])
+            if limit is not None and usage is not None and limit < _NO_LIMIT:
+                return max(0, limit - usage)
+    return None
+
+
+def free_memory(
+    device: torch.device,
+    meminfo: Path = MEMINFO,
+    self_cgroup: Path = SELF_CGROUP,
+    cgroup_root: Path = CGROUP_ROOT,
+) -> FreeMemory | None:
     """Memory free for the pool now: CUDA's free bytes on a GPU (after handing the allocator's
-    idle blocks back), else the host's ``MemAvailable`` (Linux), else psutil's when installed."""
+    idle blocks back), else the host's ``MemAvailable`` (Linux) or what the process's memory
+    cgroup still allows, whichever is less, else psutil's when installed."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
@@ -67,6 +105,12 @@ def free_memory(device: torch.device, meminfo: Path = MEMINFO) -> FreeMemory | N
     except OSError:
         available = None
     if available is not None:
+        try:
+            room = cgroup_room(self_cgroup.read_text(), cgroup_root)
+        except (OSError, ValueError):
+            room = None
+        if room is not None and room < available:
+            return FreeMemory(room, "cgroup")
         return FreeMemory(available, "meminfo")
     try:
         psutil = importlib.import_module("psutil")

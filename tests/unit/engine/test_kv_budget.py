@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.kv_budget import (
     FALLBACK_KV_CACHE_BYTES,
     FreeMemory,
+    cgroup_room,
     free_memory,
     parse_mem_available,
     size_kv_pool,
@@ -39,14 +40,39 @@ def test_mem_available_is_read_in_bytes() -> None:
 def test_free_memory_reads_meminfo_on_cpu(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(MEMINFO)
-    assert free_memory(torch.device("cpu"), meminfo) == FreeMemory(20971520 * 1024, "meminfo")
+    no_cgroup = tmp_path / "no-cgroup"
+    got = free_memory(torch.device("cpu"), meminfo, no_cgroup)
+    assert got == FreeMemory(20971520 * 1024, "meminfo")
+
+
+def test_a_container_limit_lowers_free_memory(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)  # the host's 20 GiB available
+    v2 = tmp_path / "v2"
+    (v2 / "pod").mkdir(parents=True)
+    (v2 / "pod" / "memory.max").write_text(f"{4 * 2**30}\n")
+    (v2 / "pod" / "memory.current").write_text(f"{2**30}\n")
+    self_v2 = tmp_path / "self-v2"
+    self_v2.write_text("0::/pod\n")
+    got = free_memory(torch.device("cpu"), meminfo, self_v2, v2)
+    assert got == FreeMemory(3 * 2**30, "cgroup")
+    (v2 / "pod" / "memory.max").write_text("max\n")
+    assert free_memory(torch.device("cpu"), meminfo, self_v2, v2) == (20971520 * 1024, "meminfo")
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "job").mkdir(parents=True)
+    (v1 / "memory" / "job" / "memory.limit_in_bytes").write_text(f"{2**31}\n")
+    (v1 / "memory" / "job" / "memory.usage_in_bytes").write_text(f"{2**30}\n")
+    assert cgroup_room("7:pids:/\n4:memory:/job\n", v1) == 2**30
+    (v1 / "memory" / "job" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_room("4:memory:/job\n", v1) is None
 
 
 def test_free_memory_unknown_without_meminfo_or_psutil(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "psutil", None)  # importing it now raises ImportError
-    assert free_memory(torch.device("cpu"), tmp_path / "absent") is None
+    absent = tmp_path / "absent"
+    assert free_memory(torch.device("cpu"), absent, absent) is None
 
 
 def test_a_share_of_free_memory_by_default() -> None:
