@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
-from engine.async_engine import EngineClient
 from engine.errors import EngineDeadError, EngineError
+
+if TYPE_CHECKING:  # the gateway's CLI imports this module; torch stays unloaded until needed
+    from engine.async_engine import EngineClient
 
 log = structlog.get_logger(__name__)
 
