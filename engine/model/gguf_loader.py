@@ -1,10 +1,11 @@
 """Load a llama.cpp GGUF file: metadata, dequantized weights in HF layout, and the tokenizer.
 
-The file is read by ``engine.model.gguf_file``; dequantization (F32, F16, BF16, Q8_0, Q4_0,
-Q4_1, …) is done by ``gguf.quants`` in numpy. For the
-``llama`` architecture llama.cpp's converter permutes the rows of Q and K (interleaved RoPE); we
-undo it so the weights fit the rotate-half RoPE of our model and of transformers. Llama 3's RoPE
-scaling arrives as the ``rope_freqs`` tensor; Gemma's norms with their offset already added.
+The file is read by ``engine.model.gguf_file``; dequantization of the types in
+``SUPPORTED_TYPES`` is done by ``gguf.quants`` in numpy, and a file holding any other type is
+refused before a weight is read. For the ``llama`` architecture llama.cpp's converter permutes
+the rows of Q and K (interleaved RoPE); we undo it so the weights fit the rotate-half RoPE of our
+model and of transformers. Llama 3's RoPE scaling arrives as the ``rope_freqs`` tensor; Gemma's
+norms with their offset already added.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.model.config import ModelConfig
@@ -59,6 +61,11 @@ _ARCH_BLOCK_NAMES = {
     },
 }
 _ROPE_FREQS = "rope_freqs.weight"
+# The tensor types we load: those whose decoding is tested against an independent reference
+# (the K-quants against llama.cpp's block layout). The others (Q2_K, Q3_K, the IQ and TQ
+# families, MXFP4, …) are refused by name.
+_TYPE_NAMES = "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K"
+SUPPORTED_TYPES = tuple(GGMLQuantizationType[name] for name in _TYPE_NAMES.split())
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 # Arrays read in full for the tokenizer; other array fields (often huge) are skipped.
 _TOKENIZER_ARRAYS = tuple(f"tokenizer.ggml.{name}" for name in ("tokens", "token_type", "merges"))
@@ -99,7 +106,19 @@ def dequantized_tensors(reader: GGUFFile) -> Iterator[tuple[str, np.ndarray]]:
         yield tensor.name, np.asarray(array, dtype=np.float32).reshape(tensor.shape)
 
 
+def refuse_unsupported_types(reader: GGUFFile) -> None:
+    """Raise ValueError naming the first tensor stored in a type outside ``SUPPORTED_TYPES``."""
+    for tensor in reader.tensors:
+        if tensor.tensor_type not in SUPPORTED_TYPES:
+            supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+            raise ValueError(
+                f"GGUF tensor {tensor.name!r} is stored as {tensor.tensor_type.name}, "
+                f"which is not supported (supported: {supported})"
+            )
+
+
 def read_gguf_config(reader: GGUFFile, meta: dict[str, Any]) -> ModelConfig:
+    refuse_unsupported_types(reader)
     factors = None
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS:

@@ -26,6 +26,9 @@ keeps those codes (``block_codes``): steps of up to ``SMALL_BATCH`` rows then ru
 ``small_gemm.c``, which decodes the weights as it goes and multiplies in float32. Decode steps
 are bound by reading the weights, and the codes take under a third of the float32 bytes; the
 products are those of the same float32 weights (summed in another order than oneDNN's).
+Weights decoded from K-quants (Q4_K, Q5_K, Q6_K) rarely have that form -- their sub-block
+scales are float32 products, and a Q6_K run spans two scales -- and then keep oneDNN alone; the
+check is exact, so a run is never given codes that do not give it back bit for bit.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,10 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from safetensors.numpy import load_file
 
 from tests.support.gguf_file import add_array
+
+# (GGUF name, the directory's float32 weight [rows, cols]) -> the tensor's raw blocks (uint8
+# [rows, bytes of a row]) and their type, or None for the default.
+RawMatrix = Callable[[str, np.ndarray], tuple[np.ndarray, GGMLQuantizationType] | None]
 
 _ARCHS = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -75,9 +80,13 @@ def _write_tokenizer(writer: GGUFWriter, hf_dir: Path, cfg: dict[str, Any]) -> N
 
 
 def arch_dir_to_gguf(
-    hf_dir: Path, out: Path, qtype: GGMLQuantizationType = GGMLQuantizationType.F32
+    hf_dir: Path,
+    out: Path,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    raw_matrix: RawMatrix | None = None,
 ) -> Path:
-    """The directory's config, tokenizer and weights (matrices as ``qtype``) as a GGUF file."""
+    """The directory's config, tokenizer and weights (matrices as ``qtype``) as a GGUF file.
+    ``raw_matrix`` may store a matrix as raw blocks of a type of its choosing instead."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     model_type = cfg["model_type"]
     arch_name = "llama" if model_type == "mistral" else model_type
@@ -112,6 +121,10 @@ def arch_dir_to_gguf(
         if name is None:
             raise KeyError(f"no GGUF name for {hf_name}")
         array = weight.astype(np.float32)
+        raw = raw_matrix(name, array) if raw_matrix is not None and array.ndim == 2 else None
+        if raw is not None:
+            writer.add_tensor(name, raw[0], raw_dtype=raw[1])
+            continue
         if arch_name == "llama" and hf_name.endswith("q_proj.weight"):
             array = interleave_rows(array, heads)
         elif arch_name == "llama" and hf_name.endswith("k_proj.weight"):

@@ -41,6 +41,7 @@ GEMMA2: dict[str, Any] = {
 }
 # Per architecture: its transformers config class and what sets it apart from TINY_CONFIG.
 ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
+    "llama": (LlamaConfig, {}),
     "llama3": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "mistral": (MistralConfig, {"sliding_window": WINDOW}),
     "qwen2": (Qwen2Config, {}),

@@ -24,7 +24,16 @@ from tests.support.tiny_llama import load_reference
 
 Q = GGMLQuantizationType
 # Worst-case absolute error of each format for values in [-1, 1] (half a quantization step).
-TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-3, Q.Q8_0: 1 / 127, Q.Q4_0: 1 / 7, Q.Q4_1: 2 / 15}
+TOLERANCE = {
+    Q.F32: 0.0,
+    Q.F16: 1e-3,
+    Q.BF16: 1 / 256,
+    Q.Q8_0: 1 / 127,
+    Q.Q4_0: 1 / 7,
+    Q.Q4_1: 2 / 15,
+    Q.Q5_0: 1 / 15,
+    Q.Q5_1: 1 / 30,
+}
 
 
 @pytest.mark.parametrize("qtype", list(TOLERANCE), ids=lambda q: q.name)
