@@ -48,10 +48,7 @@ def check_completion_options(body: CompletionRequest) -> int:
         raise unsupported(
             "echo with logprobs needs prompt logprobs, which are not computed", "echo"
         )
-    prompts = 1 if isinstance(body.prompt, str) or not body.prompt else len(body.prompt)
-    if isinstance(body.prompt, list) and all(isinstance(p, int) for p in body.prompt):
-        prompts = 1
-    if prompts * n > MAX_CHOICES:
+    if len(prompts_of(body.prompt)) * n > MAX_CHOICES:
         raise bad_request(f"prompts times n must be at most {MAX_CHOICES}", "n")
     return n
 
