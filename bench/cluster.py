@@ -6,16 +6,19 @@ no tokenizer to load (it matches prefixes on text) and is told never to look for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.servers import HOST, Server, _spawn, wait_ready
+from bench.servers import HOST, Server, _spawn, stop, wait_ready
 
 ROUTER_BINARY = "smg"
 
@@ -112,3 +115,16 @@ def wait_workers(router: Server, token: str, count: int, timeout_s: float = 60.0
 def wait_all(servers: list[Server], path: str, timeout_s: float = 180.0) -> None:
     for server in servers:
         wait_ready(server, path, timeout_s)
+
+
+def stop_all(servers: list[Server], grace_s: float = 10.0) -> None:
+    """SIGINT every server at once, then wait for each (SIGKILL after ``grace_s``)."""
+    for server in servers:
+        if server.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(server.process.pid), signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for server in servers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.process.wait(max(deadline - time.monotonic(), 0.1))
+        stop(server, grace_s=1.0)

@@ -26,13 +26,14 @@ from bench.cluster import (
     start_engine,
     start_gateway,
     start_router,
+    stop_all,
     wait_workers,
 )
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging, ratio
 from bench.loadgen import RequestSpec, Target, run_closed_loop, send
 from bench.metrics import latency_summary
 from bench.plots import bar_compare
-from bench.servers import Server, atrium_env, create_tenant_keys, export_model, stop, wait_ready
+from bench.servers import Server, atrium_env, create_tenant_keys, export_model, wait_ready
 from bench.text_workloads import TextShape, shared_prefix_specs, word_vocab
 
 TOKEN = "bench-engine-token-not-secret"
@@ -125,8 +126,7 @@ def run_config(
         summary = latency_summary(records)
         loads = [_engine_load(e, before[e.base_url]) for e in pool]
     finally:
-        for server in reversed(servers):
-            stop(server, grace_s=20)
+        stop_all(servers, grace_s=20)
     return {
         "name": name,
         "engines": engines,

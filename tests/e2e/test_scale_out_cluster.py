@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,11 @@ from bench.cluster import (
     start_engine,
     start_gateway,
     start_router,
+    stop_all,
     wait_all,
     wait_workers,
 )
-from bench.servers import Server, stop
+from bench.servers import Server
 from engine.tokenizer import Tokenizer
 from tenants import Database
 from tenants.models import UsageEventRow
@@ -54,6 +55,7 @@ class Cluster:
     keys: dict[str, str]
     model: str
     tokenizer: Tokenizer
+    restart: Callable[[int], Server]  # an engine again on the given port
 
     def client(self, tenant: str, gateway: int = 0) -> openai.OpenAI:
         base = f"{self.gateways[gateway].base_url}/v1"
@@ -122,11 +124,16 @@ def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             servers += gateways
             wait_all(gateways, "/readyz")
             served = httpx.get(f"{urls[0]}/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+
+            def restart(port: int) -> Server:
+                server = start_engine(model, port, TOKEN, tmp, engine_env, gateway_url=feed)
+                servers.append(server)
+                return server
+
             yield Cluster(engines, router, gateways, url, keys,
-                          served.json()["data"][0]["id"], tokenizer)  # fmt: skip
+                          served.json()["data"][0]["id"], tokenizer, restart)  # fmt: skip
         finally:
-            for server in reversed(servers):
-                stop(server, grace_s=10)
+            stop_all(servers)
 
 
 def test_requests_flow_through_both_gateways(cluster: Cluster) -> None:
@@ -271,6 +278,19 @@ def test_engine_killed_mid_stream_is_metered_once_and_the_other_serves(cluster: 
             model=cluster.model, messages=_chat(f"still there {n}?"), max_tokens=3
         )
         assert later.usage is not None and later.usage.completion_tokens > 0
+
+
+def test_a_restarted_engine_rejoins(cluster: Cluster) -> None:
+    (dead,) = [e for e in cluster.engines if e.process.poll() is not None]
+    port = int(dead.base_url.rsplit(":", 1)[1])
+    back = cluster.restart(port)
+    wait_all([back], "/health")
+    wait_workers(cluster.router, TOKEN, 2, timeout_s=30)
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    state = httpx.get(f"{cluster.gateways[0].base_url}/admin/v1/engine", headers=admin).json()
+    assert sorted((e["url"], e["healthy"]) for e in state["engines"]) == sorted(
+        (e.base_url, True) for e in cluster.engines
+    )
 
 
 def test_engines_refuse_callers_without_the_engine_token(cluster: Cluster) -> None:
