@@ -149,6 +149,10 @@ def test_requests_flow_through_both_gateways(cluster: Cluster) -> None:
     )  # fmt: skip
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    with pytest.raises(openai.BadRequestError, match="context length"):  # the engines' limit
+        cluster.client("alpha", 0).completions.create(
+            model=cluster.model, prompt="word " * 1200, max_tokens=5
+        )
 
 
 def test_prefix_cache_is_reused_per_tenant_only(cluster: Cluster) -> None:

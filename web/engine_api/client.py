@@ -151,6 +151,10 @@ class HttpEngineClient(EngineClient):
         self.fleet: Any = None  # the engines behind the URL (web.engine_api.fleet.Fleet)
 
     @property
+    def token(self) -> str:
+        return self._token
+
+    @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"}
 

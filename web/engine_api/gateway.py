@@ -2,12 +2,15 @@
 
 It keeps the tokenizer (prompt lengths, chat templates) and sends generation to ``engine_url``
 (a router or one engine) over HTTP. The served name, context length and KV capacity come from
-the engine's ``/v1/models`` when it answers at start; otherwise the local model's name is used
-and the engines refuse what does not fit (a 400 that costs the tenant nothing).
+an engine's ``/v1/models`` (the first of the router's workers, or the URL itself): at start,
+then every few seconds in the background until one answers. Meanwhile the local model's name
+is served and the engines refuse what does not fit (a 400 that costs the tenant nothing).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -22,20 +25,55 @@ from web.settings import Settings
 log = structlog.get_logger("atrium.gateway")
 UNKNOWN_CONTEXT = 1 << 20  # until an engine says: the engine refuses a prompt that is too long
 DESCRIBE_TIMEOUT_S = 5.0
+DESCRIBE_RETRY_S = 2.0
 
 
-def describe(url: str, token: str) -> dict[str, Any] | None:
-    """The first model card ``url`` lists, or None when it does not answer one."""
-    try:
-        answer = httpx.get(
-            f"{url}/v1/models",
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=DESCRIBE_TIMEOUT_S,
-        )
-        cards = answer.json().get("data") if answer.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
+def _first_card(answer: httpx.Response) -> dict[str, Any] | None:
+    cards = answer.json().get("data") if answer.status_code == 200 else None
     return cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else None
+
+
+async def describe(client: httpx.AsyncClient, url: str, token: str) -> dict[str, Any] | None:
+    """The model card of an engine behind ``url``: a router's first worker (a router's own
+    list lacks the context length), or ``url`` itself; None when none answers."""
+    headers = {"Authorization": f"Bearer {token}"}
+    targets = []
+    with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError, KeyError, TypeError):
+        workers = await client.get(f"{url}/workers", headers=headers)
+        if workers.status_code == 200:
+            targets = [str(w["url"]) for w in workers.json()["workers"] if isinstance(w, dict)]
+    for target in [*targets, url]:
+        with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+            card = _first_card(await client.get(f"{target}/v1/models", headers=headers))
+            if card is not None:
+                return card
+    return None
+
+
+def apply_card(runtime: ModelRuntime, client: HttpEngineClient, card: dict[str, Any]) -> None:
+    """Serve under the engine's name and limits (the name a router routes by)."""
+    name = str(card.get("id") or runtime.name)
+    client.model = name
+    if name != runtime.name:
+        runtime.aliases = tuple(a for a in (*runtime.aliases, runtime.name) if a != name)
+        runtime.name = name
+    length = card.get("max_model_len")
+    if isinstance(length, int) and length > 1:
+        runtime.max_model_len = length
+    capacity = card.get("kv_capacity_tokens")
+    runtime.kv_capacity_tokens = capacity if isinstance(capacity, int) else None
+    log.info("engine_described", model=name, max_model_len=runtime.max_model_len)
+
+
+async def follow_engine(runtime: ModelRuntime, client: HttpEngineClient) -> None:
+    """Describe the engines until one answers (at start, or once one comes up)."""
+    async with httpx.AsyncClient(timeout=DESCRIBE_TIMEOUT_S) as http:
+        while True:
+            card = await describe(http, client.url, client.token)
+            if card is not None:
+                apply_card(runtime, client, card)
+                return
+            await asyncio.sleep(DESCRIBE_RETRY_S)
 
 
 def remote_runtime(settings: Settings) -> tuple[ModelRuntime, HttpEngineClient]:
@@ -44,20 +82,10 @@ def remote_runtime(settings: Settings) -> tuple[ModelRuntime, HttpEngineClient]:
     from web.app import engine_numbers
 
     tokenizer, name = load_tokenizer(settings.model)
-    url = (settings.engine_url or "").rstrip("/")
-    token = settings.engine_token or ""
-    card = describe(url, token)
-    max_model_len = settings.max_model_len or UNKNOWN_CONTEXT
-    capacity = None
-    if card is not None:
-        name = str(card.get("id") or name)
-        max_model_len = int(card.get("max_model_len") or max_model_len)
-        capacity = card.get("kv_capacity_tokens")
-    else:
-        log.warning("engine_not_answering", url=url)
+    name = settings.served_model_name or name
     client = HttpEngineClient(
-        url,
-        token,
+        (settings.engine_url or "").rstrip("/"),
+        settings.engine_token or "",
         tokenizer,
         name,
         connect_timeout_s=settings.engine_connect_timeout_s,
@@ -68,10 +96,9 @@ def remote_runtime(settings: Settings) -> tuple[ModelRuntime, HttpEngineClient]:
         name=name,
         engine=client,
         tokenizer=tokenizer,
-        max_model_len=max_model_len,
+        max_model_len=settings.max_model_len or UNKNOWN_CONTEXT,
         aliases=("default",) if settings.model == "default" else (),
         stats=lambda: engine_numbers(client.stats()),
-        kv_capacity_tokens=capacity if isinstance(capacity, int) else None,
     )
     return runtime, client
 
@@ -83,12 +110,24 @@ def create_gateway_app(settings: Settings) -> Litestar:
     runtime, client = remote_runtime(settings)
     app = create_app(settings, engine=runtime)
     fleet: Fleet = client.fleet
+    tasks: list[asyncio.Task[None]] = []
 
     async def start() -> None:
         client.start()
         fleet.start()
+        following = asyncio.create_task(follow_engine(runtime, client))
+        tasks.append(following)
+        # Wait briefly so that the first requests already see the engine's name and limits.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(following), DESCRIBE_TIMEOUT_S)
+        if not following.done():
+            log.warning("engine_not_answering", url=client.url)
 
     async def stop() -> None:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await fleet.stop()
         await client.shutdown()
 

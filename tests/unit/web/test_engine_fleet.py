@@ -76,3 +76,21 @@ def test_an_engine_url_without_a_worker_list_is_one_engine() -> None:
     views = asyncio.run(found.poll())
     assert [(v.url, v.healthy) for v in views] == [("http://router.test", True)]
     assert found.client.stats().num_running == 2
+
+
+def test_the_model_card_comes_from_an_engine_behind_the_router() -> None:
+    from web.engine_api.gateway import describe
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/workers":
+            return httpx.Response(200, json={"workers": [{"url": "http://e1.test"}]})
+        if request.url.host == "e1.test":
+            card = {"id": "m", "max_model_len": 1024, "kv_capacity_tokens": 4096}
+            return httpx.Response(200, json={"data": [card]})
+        return httpx.Response(200, json={"data": [{"id": "m"}]})  # the router's own list
+
+    async def run() -> dict[str, Any] | None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await describe(http, "http://router.test", TOKEN)
+
+    assert asyncio.run(run()) == {"id": "m", "max_model_len": 1024, "kv_capacity_tokens": 4096}

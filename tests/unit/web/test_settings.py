@@ -131,3 +131,30 @@ def test_served_model_name_flag_and_twin() -> None:
     assert Settings.load(environ={}).served_model_name is None
     with pytest.raises(SettingsError, match="served_model_name"):
         Settings.load({"served_model_name": "bad\nname"}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ATRIUM_ROLE": "router"}, "role must be"),
+        ({"ATRIUM_ROLE": "engine"}, "needs ATRIUM_ENGINE_TOKEN"),
+        ({"ATRIUM_ROLE": "gateway", "ATRIUM_ENGINE_TOKEN": "t"}, "needs --engine-url"),
+        ({"ATRIUM_ROLE": "gateway", "ATRIUM_ENGINE_URL": "http://r:1"}, "ATRIUM_ENGINE_TOKEN"),
+        ({"ATRIUM_ENGINE_URL": "r:30000"}, "engine_url must be"),
+        ({"ATRIUM_GATEWAY_URL": "ftp://g"}, "gateway_url must be"),
+        ({"ATRIUM_ENGINE_READ_TIMEOUT_S": "0"}, "engine_read_timeout_s"),
+    ],
+)
+def test_roles_need_their_token_and_urls(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings.load(environ=env)
+
+
+def test_role_and_engine_url_come_from_flags() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--role", "gateway", "--engine-url", "http://router:30000"]
+    )
+    flags = {name: getattr(args, name, None) for name in Settings.__struct_fields__}
+    settings = Settings.load(flags, environ={"ATRIUM_ENGINE_TOKEN": "t"})
+    assert (settings.role, settings.engine_url) == ("gateway", "http://router:30000")
+    assert Settings.load(environ={}).role == "all"
