@@ -7,13 +7,15 @@ reject wrong types; a decode failure becomes a 400 naming the offending paramete
 from __future__ import annotations
 
 import re
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from web.errors import bad_request
 from web.json_body import decode_json
+from web.structured_output import ResponseFormat, StructuredOutputs
+from web.tools import DeltaToolCall, NamedToolChoice, ToolCall, ToolDef
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16  # choices per prompt
@@ -32,6 +34,8 @@ class ChatMessage(msgspec.Struct):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this answers
 
 
 class StreamOptions(msgspec.Struct):
@@ -62,6 +66,12 @@ class _GenerationFields(msgspec.Struct, kw_only=True):
     stop_token_ids: list[int] | None = None  # extension (as in vLLM)
     include_stop_str_in_output: bool | None = None  # extension (as in vLLM)
     min_tokens: int | None = None  # extension (as in vLLM)
+    # Structured output (web/structured_output.py): at most one of these.
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None  # extension (as in vLLM)
+    guided_regex: str | None = None  # extension (as in vLLM)
+    guided_choice: list[str] | None = None  # extension (as in vLLM)
+    structured_outputs: StructuredOutputs | None = None  # extension (as in vLLM)
 
 
 class ChatCompletionRequest(_GenerationFields, kw_only=True):
@@ -69,6 +79,9 @@ class ChatCompletionRequest(_GenerationFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[ToolDef] | None = None  # web/tools.py
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_GenerationFields, kw_only=True):
@@ -133,9 +146,10 @@ class CompletionLogprobs(msgspec.Struct):
     text_offset: list[int]
 
 
-class AssistantMessage(msgspec.Struct):
+class AssistantMessage(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -157,6 +171,7 @@ class ChatCompletion(msgspec.Struct):
 class Delta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):
@@ -203,11 +218,11 @@ class ModelList(msgspec.Struct):
     object: Literal["list"] = "list"
 
 
-def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
+def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     """The messages as the chat template takes them; bad roles or contents raise a 400."""
     if not request.messages:
         raise bad_request("messages must be a non-empty list", "messages")
-    rendered: list[dict[str, str]] = []
+    rendered: list[dict[str, Any]] = []
     for index, message in enumerate(request.messages):
         if message.role not in ROLES:
             raise bad_request(
@@ -226,7 +241,12 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
                 raise bad_request("content is required", f"messages[{index}].content")
             content = ""
         role = "system" if message.role == "developer" else message.role
-        rendered.append({"role": role, "content": content})
+        entry: dict[str, Any] = {"role": role, "content": content}
+        if message.tool_calls and role == "assistant":
+            entry["tool_calls"] = msgspec.to_builtins(message.tool_calls)
+        if message.tool_call_id is not None and role == "tool":
+            entry["tool_call_id"] = message.tool_call_id
+        rendered.append(entry)
     return rendered
 
 

@@ -76,11 +76,13 @@ FIELDS: Mapping[str, FieldRule] = {
     "reasoning_effort": FieldRule(R, ONLY_CHAT),
     "verbosity": FieldRule(R, ONLY_CHAT),
     "web_search_options": FieldRule(R, ONLY_CHAT),
-    # Structured output and tools (their own module honours them once it is in place).
-    "response_format": FieldRule(R, ONLY_CHAT),
-    "tools": FieldRule(R, ONLY_CHAT),
-    "tool_choice": FieldRule(R, ONLY_CHAT),
-    "parallel_tool_calls": FieldRule(R, ONLY_CHAT),
+    # Structured output (web/structured_output.py) and tools (web/tools.py).
+    "response_format": FieldRule(H, note="text, json_object, json_schema (always enforced)"),
+    "tools": FieldRule(H, ONLY_CHAT, note="functions only"),
+    "tool_choice": FieldRule(H, ONLY_CHAT, note="none, auto, required or a named function"),
+    "parallel_tool_calls": FieldRule(
+        N, ONLY_CHAT, note="auto may call several tools; required and named call one"
+    ),
     "functions": FieldRule(R, ONLY_CHAT),
     "function_call": FieldRule(R, ONLY_CHAT),
     # -- OpenAI, completions only
@@ -100,11 +102,11 @@ FIELDS: Mapping[str, FieldRule] = {
     "add_generation_prompt": FieldRule(D, ONLY_CHAT, extension=True, default=True),
     "continue_final_message": FieldRule(D, ONLY_CHAT, extension=True, default=False),
     "add_special_tokens": FieldRule(D, extension=True, default=False),
-    "guided_json": FieldRule(R, extension=True),
-    "guided_regex": FieldRule(R, extension=True),
-    "guided_choice": FieldRule(R, extension=True),
+    "guided_json": FieldRule(H, extension=True),
+    "guided_regex": FieldRule(H, extension=True),
+    "guided_choice": FieldRule(H, extension=True),
     "guided_grammar": FieldRule(R, extension=True),
-    "structured_outputs": FieldRule(R, extension=True),
+    "structured_outputs": FieldRule(H, extension=True, note="json, regex, choice, json_object"),
     "length_penalty": FieldRule(R, extension=True),
     "use_beam_search": FieldRule(D, extension=True, default=False),
     "prompt_logprobs": FieldRule(R, extension=True),
@@ -127,6 +129,12 @@ NESTED: Mapping[str, Mapping[str, FieldRule]] = {
         "include_usage": FieldRule(H),
         "include_obfuscation": FieldRule(N, note="chunks are not padded"),
         "continuous_usage_stats": FieldRule(H, extension=True, note="usage in every chunk"),
+    },
+    "structured_outputs": {
+        "json": FieldRule(H, extension=True),
+        "regex": FieldRule(H, extension=True),
+        "choice": FieldRule(H, extension=True),
+        "json_object": FieldRule(H, extension=True),
     },
 }
 

@@ -12,8 +12,8 @@ from litestar.response import Stream
 
 from engine.outputs import RequestOutput
 from tenants.errors import InvalidKeyError
+from web import chat_tools, routes_tokens, sse
 from web import openai_schemas as schemas
-from web import routes_tokens, sse
 from web.auth_limiter import client_address, limiter_of
 from web.errors import ApiError
 from web.openai_choices import (
@@ -25,6 +25,7 @@ from web.openai_choices import (
 from web.openai_logprobs import TokenNames, chat_logprobs, completion_logprobs
 from web.request_fields import CHAT, COMPLETION, decode_request
 from web.service_generation import GenerationService, Job
+from web.structured_output import checked_grammar
 from web.tenancy import Principal, Tenancy
 
 INFERENCE = "inference"  # the key scope that generation needs
@@ -104,15 +105,17 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         service.check_model(body.model, principal)
         n = schemas.check_n(body.n)
         messages = schemas.chat_messages(body)
+        plan, grammar = await chat_tools.chat_plan(body)
         service.check_open()
-        prompt_ids = await service.tokenize_chat(messages)
+        prompt_ids = await chat_tools.chat_prompt(service.runtime.tokenizer, messages, plan)
         requested = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         if body.max_completion_tokens is not None and body.max_completion_tokens <= 0:
             raise ApiError(400, "max_completion_tokens must be positive", code="invalid_request",
                            param=param)  # fmt: skip
         max_tokens = service.resolve_max_tokens(len(prompt_ids), requested, "messages")
-        params = schemas.sampling_params(body, max_tokens)
+        await chat_tools.check_fits(service, grammar, max_tokens, param)
+        params = chat_tools.constrained(schemas.sampling_params(body, max_tokens), grammar)
         job = await service.admit_choices(
             principal, "chat", _new_request_id("chatcmpl"), [(prompt_ids, params)], n
         )
@@ -127,19 +130,16 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             rest=outputs,
             include_usage=schemas.include_usage(body),
             continuous_usage=schemas.continuous_usage(body),
+            tools=None if plan is None else chat_tools.ChatStreamTools(plan),
         )
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
     answers = await collect(service, job, first, outputs)
     names = TokenNames(service.runtime.tokenizer)
-    choices = [
-        schemas.ChatChoice(
-            index=answer.index,
-            message=schemas.AssistantMessage(role="assistant", content=answer.text),
-            finish_reason=answer.finish_reason,
-            logprobs=None if answer.logprobs is None else chat_logprobs(names, answer.logprobs),
-        )
-        for answer in answers
-    ]
+    choices = []
+    for answer in answers:
+        message, reason = chat_tools.chat_message(plan, answer.text, answer.finish_reason)
+        logprobs = None if answer.logprobs is None else chat_logprobs(names, answer.logprobs)
+        choices.append(schemas.ChatChoice(answer.index, message, reason, logprobs))
     result = schemas.ChatCompletion(
         job.request_id, job.created, body.model, choices, sse.usage_of(job)
     )
@@ -154,11 +154,14 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         body = decode_request(await request.body(), schemas.CompletionRequest, COMPLETION)
         service.check_model(body.model, principal)
         n = check_completion_options(body)
+        grammar = await checked_grammar(body)
         service.check_open()
         prompts = []
         for ids in await prompt_token_ids(service, body.prompt):
             max_tokens = service.resolve_max_tokens(len(ids), body.max_tokens, "prompt")
-            prompts.append((ids, schemas.sampling_params(body, max_tokens)))
+            await chat_tools.check_fits(service, grammar, max_tokens, "max_tokens")
+            params = schemas.sampling_params(body, max_tokens)
+            prompts.append((ids, chat_tools.constrained(params, grammar)))
         job = await service.admit_choices(
             principal, "completion", _new_request_id("cmpl"), prompts, n
         )

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from opentelemetry import trace
@@ -26,6 +26,9 @@ from web.fair_gate import FairGate
 from web.metrics import GatewayMetrics
 from web.tenancy import Principal, Tenancy, Ticket, UsageRecord
 from web.tracing import RequestSpans
+
+if TYPE_CHECKING:
+    from web.structured_output import GrammarLimits
 
 log = structlog.get_logger("atrium.web")
 
@@ -149,6 +152,8 @@ class GenerationService:
         # Admissions in flight at once; past that, tenants take turns (web/fair_gate.py).
         self.admission_gate = FairGate(admission_concurrency)
         self.active: dict[str, Job] = {}
+        # Shortest answers under grammars (web/structured_output.py), built on first use.
+        self.grammar_limits: GrammarLimits | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @contextlib.contextmanager

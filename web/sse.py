@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from engine.outputs import RequestOutput
+from web.chat_tools import ChatStreamTools
 from web.errors import ERROR_TYPES
 from web.openai_logprobs import TokenNames, chat_logprobs, completion_logprobs
 from web.openai_schemas import (
@@ -58,6 +59,7 @@ async def chat_events(
     rest: AsyncIterator[RequestOutput],
     include_usage: bool,
     continuous_usage: bool = False,
+    tools: ChatStreamTools | None = None,
 ) -> AsyncIterator[bytes]:
     """Chunks of ``chat.completion.chunk``: each choice's role first, then text deltas (with
     their tokens' logprobs when asked) and each choice's finish reason.
@@ -83,11 +85,21 @@ async def chat_events(
     async for out in _outputs(job, first, rest):
         index = job.choice_of(out).index
         logprobs = chat_logprobs(names, out.logprobs) if out.logprobs else None
-        if out.text or logprobs is not None:
+        if tools is not None:  # text, or tool calls parsed out of it (web/chat_tools.py)
+            deltas = tools.feed(index, out.text) if out.text else []
+            for delta in deltas or ([Delta()] if logprobs is not None else []):
+                yield chunk(index, delta, logprobs=logprobs)
+                logprobs = None
+        elif out.text or logprobs is not None:
             yield chunk(index, Delta(content=out.text), logprobs=logprobs)
         if out.finished:
             if out.finish_reason == "error":
                 yield error_frame(out.error or "generation failed")
+            elif tools is not None:
+                deltas, reason = tools.finish(index, out.finish_reason)
+                for delta in deltas:
+                    yield chunk(index, delta)
+                yield chunk(index, Delta(), reason)
             else:
                 yield chunk(index, Delta(), out.finish_reason)
     if include_usage:

@@ -18,6 +18,7 @@ from engine.structured.spec import GrammarSpec
 from web.errors import bad_request
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
+MAX_REMEMBERED = 256  # grammars whose shortest answer is remembered
 
 
 class JsonSchemaFormat(msgspec.Struct, kw_only=True):
@@ -120,3 +121,44 @@ def _structured_outputs(outputs: StructuredOutputs) -> list[tuple[GrammarSpec, s
     if outputs.json_object:
         found.append((GrammarSpec("json"), "structured_outputs.json_object"))
     return found
+
+
+class GrammarLimits:
+    """The fewest tokens an answer under a grammar takes (its shortest completion from the
+    start, tokenized), so that a ``max_tokens`` too small for any valid answer is a 400."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from engine.structured.compiler import GrammarCompiler
+
+        hf = tokenizer.hf
+        stop_ids = tuple(getattr(tokenizer, "eos_token_ids", ()))
+        self._compiler = GrammarCompiler(hf, len(hf), stop_ids)
+        self._shortest: dict[GrammarSpec, int | None] = {}
+
+    def shortest(self, spec: GrammarSpec) -> int | None:
+        """Blocking (compiles on first use); None when no completion is found."""
+        if spec not in self._shortest:
+            import xgrammar
+
+            from engine.structured.closing import completion
+
+            matcher = xgrammar.GrammarMatcher(self._compiler.compile(spec).result())
+            table = self._compiler.table
+            text = None if table is None else completion(matcher, table)
+            token_ids = None if text is None or table is None else table.tokens_for(matcher, text)
+            if len(self._shortest) >= MAX_REMEMBERED:
+                self._shortest.pop(next(iter(self._shortest)))
+            self._shortest[spec] = None if token_ids is None else len(token_ids)
+        return self._shortest[spec]
+
+    async def check_fits(self, spec: GrammarSpec | None, max_tokens: int, param: str) -> None:
+        """A 400 naming ``param`` when no answer under ``spec`` fits in ``max_tokens``."""
+        if spec is None:
+            return
+        shortest = await asyncio.to_thread(self.shortest, spec)
+        if shortest is not None and shortest > max_tokens:
+            raise bad_request(
+                f"{param} is {max_tokens}, but the shortest answer the requested format allows "
+                f"takes {shortest} tokens.",
+                param,
+            )

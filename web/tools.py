@@ -216,8 +216,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rendered.append(message)
             continue
         parsed = [
-            {**c, "function": {**c["function"], "arguments": _parsed(c["function"])}}
-            for c in calls
+            {**c, "function": {**c["function"], "arguments": _parsed(c["function"])}} for c in calls
         ]
         rendered.append({**message, "tool_calls": parsed})
     return rendered
@@ -243,3 +242,17 @@ def prompt_token_ids(
         return ids
     fallback: list[int] = tokenizer.apply_chat_template(fallback_messages(messages, plan))
     return fallback
+
+
+class DeltaFunction(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A piece of a streamed call: the first piece has its id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunction

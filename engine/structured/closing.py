@@ -33,7 +33,7 @@ MAX_BYTES = 256  # longest completion searched for
 class ByteTable:
     """Tokens of the vocabulary that are one byte each, for searching and forcing."""
 
-    __slots__ = ("_encode", "byte_values", "ids", "vocab_size")
+    __slots__ = ("_encode", "byte_values", "calm", "ids", "vocab_size")
 
     def __init__(self, info: xgrammar.TokenizerInfo, encode: Callable[[str], list[int]]) -> None:
         self._encode = encode
@@ -46,6 +46,12 @@ class ByteTable:
         self.byte_values = order
         self.ids = np.array([by_byte[b] for b in order], dtype=np.int64)  # preference order
         self.vocab_size = info.vocab_size
+        # Tokens that open nothing new: no brace, bracket or comma in their bytes.
+        calm = np.zeros((self.vocab_size + 31) // 32, dtype=np.uint32)
+        for token_id, raw in enumerate(info.decoded_vocab):
+            if not any(b in raw for b in b"{[,"):
+                calm[token_id >> 5] |= np.uint32(1 << (token_id & 31))
+        self.calm = calm  # [ceil(vocab / 32)] bitmask words
 
     def allowed(self, matcher: xgrammar.GrammarMatcher) -> list[int]:
         """The bytes the matcher accepts next, in preference order."""

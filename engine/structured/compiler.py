@@ -7,6 +7,7 @@ for the model's logit width, which may exceed the tokenizer's (padding rows are 
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -20,6 +21,7 @@ MAX_CACHED = 256  # compiled grammars kept (least recently used dropped first)
 # xgrammar 0.2.8 lets a string with minLength/maxLength hold raw control characters, which JSON
 # forbids (json.loads refuses them): such strings take the character class of its other strings.
 _BOUNDED_STRING_CHAR = '[^\\"\\\\\\r\\n]'
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)  # one escape: \xHH or \ and a char
 _JSON_STRING_CHAR = '[^\\0-\\x1f\\"\\\\]'
 
 
@@ -83,4 +85,12 @@ class GrammarCompiler:
 def json_schema_ebnf(schema: str) -> str:
     """The compact-JSON grammar of ``schema`` as EBNF, with strings kept to valid JSON."""
     grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
-    return str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
+    text = str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
+    # The printer writes U+0000..U+00FF as two-digit \xHH, which its parser reads greedily
+    # (\xefc would be U+0EFC): written back as fixed-width \u00HH instead.
+    return _ESCAPE.sub(_fixed_width, text)
+
+
+def _fixed_width(match: re.Match[str]) -> str:
+    escape = match.group(1)
+    return "\\u00" + escape[1:] if len(escape) == 3 else match.group(0)

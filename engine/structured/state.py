@@ -22,6 +22,7 @@ from engine.structured.compiler import GrammarCompiler
 # Tokens kept in hand beyond a planned completion: one free token may lengthen the way out.
 CLOSE_SLACK = 3
 CHECK_WITHIN = 64  # tokens from the planned end within which the completion is rechecked each step
+CALM_WINDOW = 16  # tokens before the close within which nothing new may be opened
 RECHECK_EVERY = 8  # steps between completion estimates while the end is further
 
 
@@ -35,6 +36,8 @@ class GrammarState:
     closing: bool = False  # the completion has been planned: the output ends with it
     close_estimate: int = 0  # tokens of the last planned completion
     steps_to_check: int = 0
+    planned: list[int] = field(default_factory=list)  # the last planned completion's tokens
+    calm: bool = False  # within CALM_WINDOW tokens of having to close
 
     def ready(self) -> xgrammar.GrammarMatcher | None:
         """The matcher, once the grammar is compiled (waits for it); None if compiling failed."""
@@ -61,13 +64,32 @@ class GrammarState:
             self._fill_forced(bitmask, row, draft)
             return
         matcher.fill_next_token_bitmask(bitmask, row)
-        if not draft:
-            return
-        walker = matcher.fork()
+        walker = matcher.fork() if draft else None
         for i, token_id in enumerate(draft):
+            assert walker is not None
             if not walker.accept_token(token_id) or walker.is_terminated():
-                return  # acceptance ends at this draft token: later rows are never used
+                break  # acceptance ends at this draft token: later rows are never used
             walker.fill_next_token_bitmask(bitmask, row + i + 1)
+        if self.calm and not self._calm_rows(bitmask, row, len(draft) + 1):
+            self.closing = True  # nothing calm is allowed: close now, while it still fits
+            self.forced.extend(self.planned)
+            self._fill_forced(bitmask, row, draft)
+
+    def _calm_rows(self, bitmask: torch.Tensor, row: int, num_rows: int) -> bool:
+        """Near the end, allow only tokens that open nothing new (no brace, bracket or comma)
+        and the planned completion's next token, so one token cannot lengthen the way out past
+        what is left; False if the next token then has no choice at all."""
+        table = self.compiler.table
+        if table is None:
+            return True
+        words = bitmask.numpy().view(np.uint32)  # shares memory with ``bitmask``
+        allowed = words[row].copy()
+        words[row : row + num_rows] &= table.calm
+        if self.planned:  # the way out itself never lengthens the way out
+            token_id = self.planned[0]
+            bit = np.uint32(1 << (token_id & 31))
+            words[row, token_id >> 5] |= allowed[token_id >> 5] & bit
+        return bool(words[row].any())
 
     def _fill_forced(self, bitmask: torch.Tensor, row: int, draft: tuple[int, ...]) -> None:
         """One allowed token per row: the planned completion, as far as the draft follows it."""
@@ -108,6 +130,9 @@ class GrammarState:
         if token_ids is None:
             return
         self.close_estimate = len(token_ids)
-        if remaining <= len(token_ids) + CLOSE_SLACK + lookahead:
+        self.planned = token_ids
+        needed = len(token_ids) + CLOSE_SLACK + lookahead
+        self.calm = remaining <= needed + CALM_WINDOW
+        if remaining <= needed:
             self.closing = True
             self.forced.extend(token_ids)

@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
+import xgrammar
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
@@ -21,6 +22,7 @@ from engine.outputs import GenerateRequest, RequestOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.speculative import NgramDrafter
+from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import GrammarSpec
 from radix_cache.radix_prefix_cache import RadixPrefixCache
 from tests.support.greedy import run_all
@@ -160,3 +162,28 @@ def test_bad_grammars_and_ignore_eos_are_refused(tiny: LoadedModel) -> None:
         engine.add_request(GenerateRequest("r", [5, 6, 7], params))
     assert refused.value.param == "ignore_eos"
     assert not engine.has_unfinished
+
+
+def test_schema_grammars_keep_non_ascii_literals_and_refuse_control_characters(
+    tiny: LoadedModel,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"enum": ["Ünïcode", "q\\x41c"]},
+            "b": {"type": "string", "maxLength": 3},
+        },
+        "required": ["a", "b"],
+    }
+    compiler = GrammarCompiler(tiny.tokenizer.hf, tiny.config.vocab_size, (258,))
+    compiled = compiler.compile(GrammarSpec.json_schema(schema)).result()
+
+    def accepts(text: str) -> bool:
+        matcher = xgrammar.GrammarMatcher(compiled)
+        return matcher.accept_string(text) and matcher.is_completed()
+
+    assert accepts('{"a": "Ünïcode", "b": "é"}')
+    assert accepts('{"a": "q\\\\x41c", "b": ""}')
+    assert not accepts('{"a": "Ün\u0efcode", "b": ""}')
+    assert not accepts('{"a": "Ünïcode", "b": "\x18"}')  # JSON forbids raw control characters
+    compiler.close()
