@@ -6,6 +6,7 @@ Request-shaped structs forbid unknown fields so the gateway can decode JSON bodi
 from __future__ import annotations
 
 import math
+import unicodedata
 from datetime import datetime
 from typing import Literal
 
@@ -28,9 +29,16 @@ QUOTA_FIELDS = (
 )
 
 
+# The largest count or price accepted: exact in JSON doubles and far from SQL's 64-bit limit,
+# so sums of such values cannot overflow a BIGINT column either.
+MAX_COUNT = 2**53
+
+
 def check_count(value: int | None, param: str) -> None:
-    if value is not None and (isinstance(value, bool) or value < 0):
-        raise InvalidInputError(f"{param} must be a non-negative integer or null", param)
+    if value is not None and (isinstance(value, bool) or not 0 <= value <= MAX_COUNT):
+        raise InvalidInputError(
+            f"{param} must be an integer between 0 and {MAX_COUNT}, or null", param
+        )
 
 
 def check_share(value: float | None) -> None:
@@ -46,6 +54,10 @@ def check_weight(value: float) -> None:
 def check_name(value: str, param: str = "name") -> None:
     if not value.strip() or len(value) > MAX_NAME_LEN or value != value.strip():
         raise InvalidInputError(f"{param} must be 1-{MAX_NAME_LEN} characters, untrimmed", param)
+    # Control characters (NUL above all: PostgreSQL text cannot hold it) and lone surrogates
+    # (not UTF-8) have no place in a name that is stored, logged and exported.
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+        raise InvalidInputError(f"{param} must not contain control characters", param)
 
 
 class Quotas(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

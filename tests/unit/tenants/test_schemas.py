@@ -54,3 +54,26 @@ def test_json_bodies_decode_with_partial_patches_and_reject_unknown_fields() -> 
         msgspec.json.decode(b'{"status": "deleted"}', type=TenantPatch)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"name": "a", "weight": -1}', type=TenantCreate)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Quotas(requests_per_minute=2**63),  # past SQLite's and PostgreSQL's BIGINT
+        lambda: Quotas(monthly_token_budget=2**53 + 1),
+        lambda: PriceSet(
+            input_per_million=10**30, cached_input_per_million=0, output_per_million=0
+        ),
+        lambda: TenantCreate(name="a\x00b"),  # PostgreSQL text cannot hold NUL
+        lambda: TenantCreate(name="tab\there"),
+        lambda: TenantCreate(name="lone \ud800 surrogate"),
+    ],
+)
+def test_counts_past_2_53_and_names_with_control_characters_are_refused(build) -> None:
+    with pytest.raises(InvalidInputError):
+        build()
+
+
+def test_the_largest_count_and_unicode_names_are_accepted() -> None:
+    assert Quotas(monthly_token_budget=2**53).monthly_token_budget == 2**53
+    assert TenantCreate(name="Åsa's team \U0001f680").name.endswith("\U0001f680")
