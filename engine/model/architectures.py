@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # How a config without ``layer_types`` places its sliding-window layers.
-WindowRule = Literal["all", "from_max_window_layers", "even_layers"]
+WindowRule = Literal["all", "from_max_window_layers", "even_layers", "pattern"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,12 +17,13 @@ class ArchSpec:
 
     hf_class: str  # the transformers class named in an exported config.json
     qkv_bias: bool = False  # Q, K and V projections always carry biases (Qwen2)
-    qk_norm: bool = False  # an RMSNorm over each head of Q and of K, before RoPE (Qwen3)
-    sandwich_norms: bool = False  # RMSNorms after attention and after the MLP too (Gemma 2)
+    qk_norm: bool = False  # an RMSNorm over each head of Q and of K, before RoPE (Qwen3, Gemma 3)
+    sandwich_norms: bool = False  # RMSNorms after attention and after the MLP too (Gemma 2, 3)
     norm_offset: float = 0.0  # RMSNorms scale by (norm_offset + weight) (Gemma: 1)
     embed_scale: bool = False  # embeddings times sqrt(hidden_size) (Gemma)
     fused_hf_weights: bool = False  # the checkpoint holds qkv_proj and gate_up_proj fused (Phi-3)
     window_rule: WindowRule = "all"  # which layers a ``sliding_window`` applies to
+    local_rope: bool = False  # sliding layers rotate with a RoPE base of their own (Gemma 3)
     gguf_permuted_qk: bool = False  # llama.cpp's converter interleaves Q/K rows (llama arch)
     gguf_norm_offset_added: bool = False  # llama.cpp's converter stored norm_offset + weight
     default_activation: str = "silu"
@@ -43,6 +44,20 @@ ARCHITECTURES: Mapping[str, ArchSpec] = {
         gguf_norm_offset_added=True,
         default_activation="gelu_pytorch_tanh",
     ),
+    # Gemma 3's text model: Gemma 2's layer less soft-capping (unless a config sets it), plus
+    # Q/K norms (also ``1 + weight``), five sliding layers to one global
+    # (``sliding_window_pattern``), and a RoPE base of its own on the sliding layers.
+    "gemma3_text": ArchSpec(
+        "Gemma3ForCausalLM",
+        qk_norm=True,
+        sandwich_norms=True,
+        norm_offset=1.0,
+        embed_scale=True,
+        window_rule="pattern",
+        local_rope=True,
+        gguf_norm_offset_added=True,
+        default_activation="gelu_pytorch_tanh",
+    ),
 }
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # Config keys that change the computation in ways the decoder does not implement, with the
@@ -50,6 +65,7 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _UNSUPPORTED_KEYS: Mapping[str, Any] = {
     "mlp_bias": False,
     "partial_rotary_factor": 1.0,
+    "use_bidirectional_attention": False,  # Gemma 3's embedding variants
 }
 
 
@@ -86,6 +102,9 @@ def layer_windows(cfg: Mapping[str, Any], spec: ArchSpec, num_layers: int) -> tu
         sliding = [i >= first for i in range(num_layers)]
     elif spec.window_rule == "even_layers":
         sliding = [i % 2 == 0 for i in range(num_layers)]
+    elif spec.window_rule == "pattern":  # every n-th layer global, the others sliding
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        sliding = [(i + 1) % pattern != 0 for i in range(num_layers)]
     else:
         sliding = [True] * num_layers
     if not any(sliding):

@@ -18,6 +18,9 @@ from engine.model.architectures import (
 )
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+# A GGUF file's ``general.architecture`` where it differs from the config's ``model_type``.
+_GGUF_ARCHITECTURES = {"gemma3": "gemma3_text"}
+_NOT_GGUF = {v: k for k, v in _GGUF_ARCHITECTURES.items()}
 
 
 def _as_tuple(value: Any) -> tuple[int, ...]:
@@ -56,6 +59,8 @@ class ModelConfig:
     hidden_act: str = "silu"
     # Per RoPE frequency, a divisor of its inverse frequency (a GGUF's rope_freqs tensor).
     rope_freq_factors: tuple[float, ...] | None = field(default=None, hash=False)
+    # The RoPE base of sliding-window layers where it differs (Gemma 3; never scaled), else None.
+    rope_local_theta: float | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -107,6 +112,11 @@ class ModelConfig:
     def from_hf_dict(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` (transformers 4.x or 5.x layout)."""
         arch = str(cfg.get("model_type", "llama"))
+        if arch == "gemma3":
+            raise ValueError(
+                "model_type 'gemma3' is Gemma 3's image-and-text model; its text model "
+                "(model_type 'gemma3_text', Gemma3ForCausalLM) is supported"
+            )
         if arch not in ARCHITECTURES:
             raise ValueError(
                 f"unsupported model_type {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
@@ -118,8 +128,12 @@ class ModelConfig:
         head_dim = cfg.get("head_dim") or hidden // num_heads
         # transformers 5.x: rope_parameters holds rope_theta and the scaling; 4.x: top level.
         rope_params = dict(cfg.get("rope_parameters") or {})
+        local_theta = None
+        if spec.local_rope:
+            rope_params, local_theta = _split_local_rope(cfg, rope_params)
         refuse_unsupported(rope_params, arch)  # Phi-3 keeps partial_rotary_factor there
-        theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        default_theta = 1_000_000.0 if spec.local_rope else 10000.0  # as transformers' classes
+        theta = rope_params.get("rope_theta", cfg.get("rope_theta", default_theta))
         scaling = cfg.get("rope_scaling") or rope_params
         rope_scaling = _normalize_rope_scaling(scaling)
         return cls(
@@ -146,6 +160,7 @@ class ModelConfig:
             hidden_act=str(
                 cfg.get("hidden_activation") or cfg.get("hidden_act") or spec.default_activation
             ),
+            rope_local_theta=local_theta,
         )
 
     @classmethod
@@ -153,16 +168,17 @@ class ModelConfig:
         cls, meta: Mapping[str, Any], *, tied: bool, rope_freq_factors: tuple[float, ...] | None
     ) -> ModelConfig:
         """Build from GGUF key/values (``<arch>.*``); ``tied`` if the file has no output.weight."""
-        arch = str(meta["general.architecture"])
-        if arch not in SUPPORTED_ARCHITECTURES:
+        gguf_arch = str(meta["general.architecture"])
+        arch = _GGUF_ARCHITECTURES.get(gguf_arch, gguf_arch)
+        if arch not in SUPPORTED_ARCHITECTURES or gguf_arch in _NOT_GGUF:
+            supported = [_NOT_GGUF.get(a, a) for a in SUPPORTED_ARCHITECTURES]
             raise ValueError(
-                f"unsupported GGUF architecture {arch!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported GGUF architecture {gguf_arch!r}; supported: {', '.join(supported)}"
             )
         spec = ARCHITECTURES[arch]
 
         def key(name: str, default: Any = None) -> Any:
-            return meta.get(f"{arch}.{name}", default)
+            return meta.get(f"{gguf_arch}.{name}", default)
 
         hidden = int(key("embedding_length"))
         num_heads = int(key("attention.head_count"))
@@ -183,8 +199,9 @@ class ModelConfig:
             )
         window = key("attention.sliding_window")
         windows = layer_windows({"sliding_window": window}, spec, num_layers)
-        # llama.cpp scales Gemma 2's queries by head_dim, except the 27B's (hidden / heads).
-        pre_attn = hidden / num_heads if arch == "gemma2" and num_layers == 46 else None
+        # llama.cpp scales Gemma's queries by head_dim, except the 27B's (hidden / heads).
+        big = {"gemma2": 46, "gemma3_text": 62}.get(arch)
+        pre_attn = hidden / num_heads if num_layers == big else None
         eos = meta.get("tokenizer.ggml.eos_token_id")
         bos = meta.get("tokenizer.ggml.bos_token_id")
         return cls(
@@ -210,6 +227,8 @@ class ModelConfig:
             query_pre_attn_scalar=pre_attn,
             hidden_act=spec.default_activation,
             rope_freq_factors=rope_freq_factors,
+            # llama.cpp's fixed base for Gemma 3's sliding layers (the file does not hold it).
+            rope_local_theta=10000.0 if spec.local_rope and windows else None,
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -219,6 +238,10 @@ class ModelConfig:
         rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling is not None:
             rope = {**self.rope_scaling, "rope_theta": self.rope_theta}
+        rope_parameters = rope
+        if self.rope_local_theta is not None:
+            local = {"rope_type": "default", "rope_theta": self.rope_local_theta}
+            rope_parameters = {"full_attention": rope, "sliding_attention": local}
         eos: int | list[int] | None = list(self.eos_token_ids) or None
         if len(self.eos_token_ids) == 1:
             eos = self.eos_token_ids[0]
@@ -241,7 +264,7 @@ class ModelConfig:
             "eos_token_id": eos,
             # Both spellings: transformers 5.x reads rope_parameters, older readers the rest.
             "rope_theta": self.rope_theta,
-            "rope_parameters": rope,
+            "rope_parameters": rope_parameters,
             "rope_scaling": None if self.rope_scaling is None else dict(rope),
             "attn_logit_softcapping": self.attn_logit_softcap,
             "final_logit_softcapping": self.final_logit_softcap,
@@ -255,10 +278,28 @@ class ModelConfig:
             out["layer_types"] = [
                 "sliding_attention" if w else "full_attention" for w in self.layer_windows
             ]
-        if self.architecture in ("llama", "qwen3", "gemma2"):
+        if self.rope_local_theta is not None:
+            out["rope_local_base_freq"] = self.rope_local_theta  # for transformers 4.x
+        if self.architecture in ("llama", "qwen3", "gemma2", "gemma3_text"):
             out["attention_bias"] = False
             out["mlp_bias"] = False
         return out
+
+
+def _split_local_rope(
+    cfg: Mapping[str, Any], rope_params: dict[str, Any]
+) -> tuple[dict[str, Any], float]:
+    """(the global layers' RoPE parameters, the sliding layers' base) of a config with a RoPE of
+    each kind: transformers 5 nests them by layer type in ``rope_parameters``; older configs
+    hold ``rope_theta``, ``rope_scaling`` and ``rope_local_base_freq``."""
+    local = rope_params.get("sliding_attention")
+    if "full_attention" not in rope_params and local is None:
+        return rope_params, float(cfg.get("rope_local_base_freq", 10000.0))
+    local = dict(local or {})
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"RoPE scaling {local['rope_type']!r} on sliding layers is not supported")
+    theta = local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))
+    return dict(rope_params.get("full_attention") or {}), float(theta)
 
 
 def _int_if_whole(value: float) -> float | int:

@@ -44,6 +44,11 @@ _BLOCK_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_GEMMA_NORMS = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 # Where an architecture's GGUF names mean other HF tensors than Llama's.
 _ARCH_BLOCK_NAMES = {
     "qwen3": {
@@ -54,10 +59,11 @@ _ARCH_BLOCK_NAMES = {
         "attn_qkv.weight": "self_attn.qkv_proj.weight",
         "ffn_up.weight": "mlp.gate_up_proj.weight",  # gate and up rows, fused
     },
-    "gemma2": {
-        "post_attention_norm.weight": "post_attention_layernorm.weight",
-        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-        "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "gemma2": _GEMMA_NORMS,
+    "gemma3_text": {
+        **_GEMMA_NORMS,
+        "attn_q_norm.weight": "self_attn.q_norm.weight",
+        "attn_k_norm.weight": "self_attn.k_norm.weight",
     },
 }
 _ROPE_FREQS = "rope_freqs.weight"

@@ -1,5 +1,5 @@
 """The Llama-family decoder over a flattened, unpadded batch; what other architectures (Mistral,
-Qwen2/3, Phi-3, Gemma 2) change is read from ``config.spec`` (``architectures.py``).
+Qwen2/3, Phi-3, Gemma 2/3) change is read from ``config.spec`` (``architectures.py``).
 
 Each layer is a handful of kernels: fused QKV and gate/up matmuls, RoPE on Q and K together in
 place, and the residual adds folded into the output projections (``addmm``). On CPU the
@@ -155,6 +155,9 @@ class LlamaForCausalLM(nn.Module):
 
     rope_cos: torch.Tensor  # [max_positions, head_dim], model dtype
     rope_sin: torch.Tensor  # [max_positions, head_dim], model dtype, first half negated
+    # The sliding layers' own tables where their RoPE base differs (Gemma 3), else empty.
+    rope_local_cos: torch.Tensor
+    rope_local_sin: torch.Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -175,8 +178,13 @@ class LlamaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.output_packed: Packed | None = None
-        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        for name in ("rope_cos", "rope_sin", "rope_local_cos", "rope_local_sin"):
+            self.register_buffer(name, torch.empty(0), persistent=False)
+        # Per layer, whether it rotates with the local tables.
+        local = config.rope_local_theta is not None
+        self.local_rope = tuple(
+            local and config.window(i) is not None for i in range(config.num_layers)
+        )
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         """Adopt ``state`` (our fused names, final dtype and device) and build the RoPE table."""
@@ -194,6 +202,12 @@ class LlamaForCausalLM(nn.Module):
         # The table is computed in float32 and cast once, like the reference per-step cast.
         self.rope_cos = cos.to(weight.dtype)
         self.rope_sin = signed_sin(sin).to(weight.dtype)
+        if c.rope_local_theta is not None:
+            cos, sin = rope_cos_sin(
+                c.head_dim, c.rope_local_theta, None, c.max_position_embeddings, weight.device
+            )
+            self.rope_local_cos = cos.to(weight.dtype)
+            self.rope_local_sin = signed_sin(sin).to(weight.dtype)
         self.eval()
         self.pack_weights()
         native = weight.device.type == "cpu" and weight.dtype in NATIVE_DTYPES
@@ -257,6 +271,12 @@ class LlamaForCausalLM(nn.Module):
             self.rope_cos.index_select(0, positions).unsqueeze(1),
             self.rope_sin.index_select(0, positions).unsqueeze(1),
         )
+        local_rope = rope
+        if any(self.local_rope):
+            local_rope = RopeTables(
+                self.rope_local_cos.index_select(0, positions).unsqueeze(1),
+                self.rope_local_sin.index_select(0, positions).unsqueeze(1),
+            )
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         if self.config.spec.embed_scale:  # Gemma: by sqrt(hidden), rounded to the model dtype
             x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
@@ -265,7 +285,8 @@ class LlamaForCausalLM(nn.Module):
             # The last layer runs its output projection and MLP on the sampled rows alone: the
             # other rows' K/V are all that later steps read of them (a prefill chunk's rows
             # but its last, ~3% of a prefill step's products).
-            x = layer(x, rope, backend, kv_cache, logits_indices if i == last else None)
+            tables = local_rope if self.local_rope[i] else rope
+            x = layer(x, tables, backend, kv_cache, logits_indices if i == last else None)
         x = self.norm(x)  # [num_logits, hidden]
         logits = project(x, self.output_weight, self.output_packed).float()  # [num_logits, vocab]
         cap = self.config.final_logit_softcap

@@ -71,7 +71,7 @@ def hf_to_fused(
             )
         if spec.qk_norm:
             for p in "qk":
-                state[f"{ours}.self_attn.{p}_norm.weight"] = fetch(f"{attn}.{p}_norm.weight")
+                state[f"{ours}.self_attn.{p}_norm.weight"] = norm(f"{attn}.{p}_norm.weight")
         state[f"{ours}.self_attn.o_proj.weight"] = fetch(f"{attn}.o_proj.weight")
         state[f"{ours}.mlp.gate_up_proj.weight"] = gate_up
         state[f"{ours}.mlp.down_proj.weight"] = fetch(f"{hf}.mlp.down_proj.weight")
@@ -114,7 +114,7 @@ def fused_to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> dict[
                 out[f"{hf}.self_attn.{p}_proj.bias"] = t
         if spec.qk_norm:
             for p in "qk":
-                out[f"{hf}.self_attn.{p}_norm.weight"] = state[f"{ours}.self_attn.{p}_norm.weight"]
+                out[f"{hf}.self_attn.{p}_norm.weight"] = norm(f"{ours}.self_attn.{p}_norm.weight")
         out[f"{hf}.self_attn.o_proj.weight"] = state[f"{ours}.self_attn.o_proj.weight"]
         out[f"{hf}.mlp.down_proj.weight"] = state[f"{ours}.mlp.down_proj.weight"]
         for our_norm, hf_norm in layer_norms(config).items():

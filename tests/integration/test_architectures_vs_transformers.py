@@ -37,6 +37,8 @@ CASES = [
     ("gemma2", "safetensors"),
     ("gemma2", "gguf"),
     ("gemma2_scaled", "safetensors"),
+    ("gemma3", "safetensors"),
+    ("gemma3", "gguf"),
 ]
 
 

@@ -1,7 +1,7 @@
 """Write a Hugging Face directory of any supported architecture as a GGUF file the way llama.cpp's
 converter lays it out, with the ``gguf`` package's own tensor names and nothing of our loader:
 Q/K rows interleaved for ``llama``, Llama 3's RoPE scaling as a ``rope_freqs`` tensor, Gemma's
-norms with their 1 added."""
+norms (Q/K norms too) with their 1 added."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ _ARCHS = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "phi3": gguf.MODEL_ARCH.PHI3,
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
+    "gemma3_text": gguf.MODEL_ARCH.GEMMA3,
 }
 
 
@@ -94,6 +95,8 @@ def arch_dir_to_gguf(
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rope = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0)}
+    # Gemma 3: the global layers' RoPE; llama.cpp fixes the sliding layers' base at 10,000.
+    rope = rope.get("full_attention", rope)
     writer = GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg["max_position_embeddings"])
@@ -104,6 +107,9 @@ def arch_dir_to_gguf(
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_freq_base(float(rope["rope_theta"]))
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     if cfg.get("sliding_window"):
@@ -129,7 +135,7 @@ def arch_dir_to_gguf(
             array = interleave_rows(array, heads)
         elif arch_name == "llama" and hf_name.endswith("k_proj.weight"):
             array = interleave_rows(array, kv_heads)
-        elif arch_name == "gemma2" and hf_name.endswith("norm.weight"):
+        elif arch_name.startswith("gemma") and hf_name.endswith("norm.weight"):
             array = array + 1
         add_array(writer, name, array, GGMLQuantizationType.F32 if array.ndim == 1 else qtype)
     writer.write_header_to_file()

@@ -10,6 +10,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -39,6 +40,18 @@ GEMMA2: dict[str, Any] = {
     "tie_word_embeddings": True,
     "pad_token_id": 0,
 }
+GEMMA3: dict[str, Any] = {
+    "head_dim": 16,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": WINDOW,
+    "num_hidden_layers": 6,  # five sliding layers, then a global one (GGUF files imply that)
+    "rope_parameters": {  # as Gemma 3 4B's: the global layers' RoPE scaled, the sliding ones' not
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+    },
+    "tie_word_embeddings": True,
+    "pad_token_id": 0,
+}
 # Per architecture: its transformers config class and what sets it apart from TINY_CONFIG.
 ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
     "llama": (LlamaConfig, {}),
@@ -54,6 +67,7 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
     "gemma2": (Gemma2Config, GEMMA2),
     # A query scale apart from head_dim (as Gemma 2 27B's), which GGUF files do not carry.
     "gemma2_scaled": (Gemma2Config, {**GEMMA2, "query_pre_attn_scalar": 24}),
+    "gemma3": (Gemma3TextConfig, GEMMA3),
 }
 
 

@@ -42,6 +42,13 @@ def test_unsupported_model_type_is_refused_naming_the_supported_ones() -> None:
         ("phi3", {"rope_parameters": {"rope_type": "longrope"}}, "longrope"),
         ("gemma2", {"hidden_activation": "relu"}, "relu"),
         ("gemma2", {"layer_types": ["chunked_attention"] * 2, "sliding_window": 8}, "chunked"),
+        ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        (
+            "gemma3_text",
+            {"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+            "'linear' on sliding layers",
+        ),
+        ("gemma3", {}, "image-and-text model; its text model"),
     ],
 )
 def test_settings_the_decoder_lacks_are_refused(
@@ -65,6 +72,13 @@ def test_settings_the_decoder_lacks_are_refused(
         ),
         ("gemma2", {"sliding_window": 8}, (8, 0)),  # without layer_types: even layers slide
         ("gemma2", {"sliding_window": 8, "layer_types": ["full_attention"] * 2}, ()),
+        # Gemma 3 without layer_types: every sixth layer global (or every n-th, if set).
+        ("gemma3_text", {"sliding_window": 8, "num_hidden_layers": 7}, (8, 8, 8, 8, 8, 0, 8)),
+        (
+            "gemma3_text",
+            {"sliding_window": 8, "num_hidden_layers": 4, "sliding_window_pattern": 2},
+            (8, 0, 8, 0),
+        ),
     ],
 )
 def test_layer_windows(model_type: str, extra: dict[str, Any], windows: tuple[int, ...]) -> None:
@@ -138,7 +152,28 @@ def test_masked_attention_matches_exact_attention(layer: LayerAttention) -> None
         torch.testing.assert_close(out[rows], expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2_scaled"])
+def test_gemma3_rope_of_each_layer_kind_from_old_and_new_configs() -> None:
+    old = hf_config(
+        "gemma3_text",
+        rope_theta=1e6,
+        rope_local_base_freq=5e3,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    )
+    new = hf_config(
+        "gemma3_text",
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 5e3},
+        },
+    )
+    for cfg in (old, new):
+        config = ModelConfig.from_hf_dict(cfg)
+        assert (config.rope_theta, config.rope_local_theta) == (1e6, 5e3)
+        assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert ModelConfig.from_hf_dict(hf_config("gemma2")).rope_local_theta is None
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2_scaled", "gemma3"])
 def test_export_reloads_in_transformers(tmp_path: Path, arch: str) -> None:
     loaded = load_model(str(make_tiny_model(arch, tmp_path / "src")), dtype=torch.float32)
     export_hf(loaded, tmp_path / "out")
