@@ -27,7 +27,7 @@ from engine.model.packed_linear import (
     project_add,
 )
 from tests.support import kquants
-from tests.support.gguf_arch import arch_dir_to_gguf
+from tests.support.gguf_arch import RawMatrix, arch_dir_to_gguf
 from tests.support.greedy import engine_greedy, hf_greedy
 from tests.support.tiny_models import make_tiny_model
 
@@ -65,15 +65,20 @@ def kquant_files(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     """One GGUF file per case, its matrices random valid blocks of the case's types."""
     files = {}
     for case, type_of in CASES.items():
-
-        def blocks(name: str, weight: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType]:
-            qtype = type_of(name)  # noqa: B023 (called before the loop moves on)
-            seed = sum(name.encode()) * 31 + int(qtype)
-            return kquants.random_blocks(qtype, *weight.shape, seed=seed), qtype
-
         out = tmp_path_factory.mktemp(f"kquant_{case}") / "model.gguf"
-        files[case] = arch_dir_to_gguf(hf_dir, out, raw_matrix=blocks)
+        files[case] = arch_dir_to_gguf(hf_dir, out, raw_matrix=_random_store(type_of))
     return files
+
+
+def _random_store(type_of: Callable[[str], GGMLQuantizationType]) -> RawMatrix:
+    """Store each matrix as random blocks of the type ``type_of`` gives its GGUF name."""
+
+    def blocks(name: str, weight: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType]:
+        qtype = type_of(name)
+        seed = sum(name.encode()) * 31 + int(qtype)
+        return kquants.random_blocks(qtype, *weight.shape, seed=seed), qtype
+
+    return blocks
 
 
 def _decoded(path: Path) -> dict[str, np.ndarray]:
@@ -106,6 +111,8 @@ def test_loaded_weights_are_the_blocks_decoded(case: str, kquant_files: dict[str
     path = kquant_files[case]
     decoded = _decoded(path)
     assert len(decoded) == 2 + 7 * 2  # embeddings, output, seven matrices in each layer
+    types = {GGMLQuantizationType(t.tensor_type) for t in GGUFReader(str(path)).tensors}
+    assert len(types & set(kquants.BLOCK_BYTES)) == (3 if case == "mixed" else 1)
     for name, weight in decoded.items():
         assert np.isfinite(weight).all() and np.abs(weight).max() < 0.5, name
         assert len(np.unique(weight)) > weight.size // 8, name  # really spread, not constant
@@ -117,13 +124,13 @@ def test_loaded_weights_are_the_blocks_decoded(case: str, kquant_files: dict[str
     expect("embed_tokens.weight", decoded["token_embd.weight"])
     expect("lm_head.weight", decoded["output.weight"])
     for i in range(2):
-        blk = lambda part: decoded[f"blk.{i}.{part}.weight"]  # noqa: E731, B023
-        q = _rotate_half_order(blk("attn_q"), HEADS)
-        k = _rotate_half_order(blk("attn_k"), KV_HEADS)
-        expect(f"layers.{i}.self_attn.qkv_proj.weight", q, k, blk("attn_v"))
-        expect(f"layers.{i}.self_attn.o_proj.weight", blk("attn_output"))
-        expect(f"layers.{i}.mlp.gate_up_proj.weight", blk("ffn_gate"), blk("ffn_up"))
-        expect(f"layers.{i}.mlp.down_proj.weight", blk("ffn_down"))
+        blk = {name.split(".")[2]: w for name, w in decoded.items() if name.startswith(f"blk.{i}.")}
+        q = _rotate_half_order(blk["attn_q"], HEADS)
+        k = _rotate_half_order(blk["attn_k"], KV_HEADS)
+        expect(f"layers.{i}.self_attn.qkv_proj.weight", q, k, blk["attn_v"])
+        expect(f"layers.{i}.self_attn.o_proj.weight", blk["attn_output"])
+        expect(f"layers.{i}.mlp.gate_up_proj.weight", blk["ffn_gate"], blk["ffn_up"])
+        expect(f"layers.{i}.mlp.down_proj.weight", blk["ffn_down"])
 
 
 @pytest.mark.parametrize("case", list(CASES))
