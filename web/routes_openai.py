@@ -12,7 +12,7 @@ from litestar.response import Stream
 
 from engine.outputs import RequestOutput
 from tenants.errors import InvalidKeyError
-from web import chat_tools, routes_tokens, sse
+from web import chat_tools, routes_tokens, routes_usage, sse
 from web import openai_schemas as schemas
 from web.auth_limiter import client_address, limiter_of
 from web.errors import ApiError
@@ -196,4 +196,4 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(result, headers=_headers(job))
 
 
-ROUTES = [list_models, chat_completions, completions, *routes_tokens.ROUTES]
+ROUTES = [list_models, chat_completions, completions, *routes_tokens.ROUTES, *routes_usage.ROUTES]
