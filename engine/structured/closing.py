@@ -26,7 +26,9 @@ PREFERENCE = [
     )
 ]
 PREFERENCE += [b for b in range(0x80, 0x100)]
+FIRST_TRIES = b'"}],:0'  # tried directly (a fork each) before asking for the allowed bytes
 MAX_NODES = 400  # bytes tried per search, at most
+MAX_MASKS = 16  # allowed-byte masks computed per search, at most (each fills a whole bitmask)
 MAX_BYTES = 256  # longest completion searched for
 
 
@@ -80,7 +82,7 @@ class ByteTable:
 def completion(matcher: xgrammar.GrammarMatcher, table: ByteTable) -> bytes | None:
     """Bytes after which the matcher's grammar is complete (b"" if it is already), or None when
     the search finds none within its budget."""
-    budget = [MAX_NODES]
+    budget = [MAX_NODES, MAX_MASKS]
 
     def search(node: xgrammar.GrammarMatcher, depth: int) -> bytes | None:
         if node.is_completed():
@@ -98,14 +100,27 @@ def completion(matcher: xgrammar.GrammarMatcher, table: ByteTable) -> bytes | No
                 return None
             rest = search(child, depth - len(jump))
             return None if rest is None else jump + rest
+        for byte in FIRST_TRIES:
+            rest = step(node, byte, depth)
+            if rest is not None:
+                return bytes([byte]) + rest
+            if budget[0] <= 0:
+                return None
+        if budget[1] <= 0:
+            return None
+        budget[1] -= 1
         for byte in table.allowed(node):
-            child = node.fork()
-            if child.accept_string(bytes([byte])):
-                rest = search(child, depth - 1)
-                if rest is not None:
-                    return bytes([byte]) + rest
+            if byte in FIRST_TRIES:
+                continue
+            rest = step(node, byte, depth)
+            if rest is not None:
+                return bytes([byte]) + rest
             if budget[0] <= 0:
                 break
         return None
+
+    def step(node: xgrammar.GrammarMatcher, byte: int, depth: int) -> bytes | None:
+        child = node.fork()
+        return search(child, depth - 1) if child.accept_string(bytes([byte])) else None
 
     return search(matcher, MAX_BYTES)

@@ -23,7 +23,7 @@ from engine.structured.compiler import GrammarCompiler
 CLOSE_SLACK = 3
 CHECK_WITHIN = 64  # tokens from the planned end within which the completion is rechecked each step
 CALM_WINDOW = 16  # tokens before the close within which nothing new may be opened
-RECHECK_EVERY = 8  # steps between completion estimates while the end is further
+RECHECK_EVERY = 16  # steps between completion estimates while the end is further
 
 
 @dataclass(slots=True, eq=False)
@@ -37,6 +37,7 @@ class GrammarState:
     close_estimate: int = 0  # tokens of the last planned completion
     steps_to_check: int = 0
     planned: list[int] = field(default_factory=list)  # the last planned completion's tokens
+    planned_text: bytes | None = None  # and its bytes: often still a way out a step later
     calm: bool = False  # within CALM_WINDOW tokens of having to close
 
     def ready(self) -> xgrammar.GrammarMatcher | None:
@@ -123,12 +124,17 @@ class GrammarState:
             return
         self.steps_to_check = RECHECK_EVERY
         table = self.compiler.table
-        text = None if table is None else completion(matcher, table)
-        if table is None or text is None:
-            return  # no completion found: the output may be cut where max_tokens falls
-        token_ids = table.tokens_for(matcher, text) if text else []
-        if token_ids is None:
+        if table is None:
             return
+        text = self.planned_text
+        probe = matcher.fork()
+        if text is None or not (probe.accept_string(text) and probe.is_completed()):
+            text = completion(matcher, table)  # the last way out no longer leads out: search
+        token_ids = None if text is None else table.tokens_for(matcher, text) if text else []
+        if text is None or token_ids is None:
+            self.planned_text = None
+            return  # no way out found: the output may be cut where max_tokens falls
+        self.planned_text = text
         self.close_estimate = len(token_ids)
         self.planned = token_ids
         needed = len(token_ids) + CLOSE_SLACK + lookahead
