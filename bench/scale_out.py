@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -54,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--question-len", type=int, default=64)
     add("--output-len", type=int, default=32)
     add("--concurrency", type=int, default=8)
+    add("--seed", type=int, default=0, help="the order of arrivals")
     add("--kv-cache-mib", type=int, default=512, help="KV cache per engine")
     add("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     return parser.parse_args(argv)
@@ -155,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     shape = TextShape(args.tenants, args.groups, args.prompts, args.system_len,
                       args.question_len, args.output_len)  # fmt: skip
     specs = shared_prefix_specs(words, shape)
+    # Arrivals in no fixed rotation: interleaved in order, round robin would place every
+    # system prompt on the same engine each time by the period of the interleaving alone.
+    random.Random(args.seed).shuffle(specs)
     runs = []
     with tempfile.TemporaryDirectory(prefix="atrium-scale-out-") as tmp:
         runs.append(run_config(args, Path(tmp), specs, 1, None))
