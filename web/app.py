@@ -21,6 +21,7 @@ from web.auth_limiter import FailedAuthLimiter
 from web.errors import handle_exception
 from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
+from web.openapi_doc import describe as describe_openapi
 from web.prefix_delivery import start_prefix_delivery
 from web.prefix_feed import internal_router
 from web.service_generation import GenerationService, ModelRuntime
@@ -208,6 +209,7 @@ def create_app(
         route_handlers=[*routes_openai.ROUTES, *health.ROUTES, *admin, internal_router],
         exception_handlers={Exception: handle_exception},
         lifespan=[lifespan],
+        on_startup=[describe_openapi],
         state=state,
         request_max_body_size=settings.max_body_bytes,
         request_class=JsonRequest,

@@ -34,7 +34,6 @@ admin_router = Router(
         engine_status,
         PublicPrefixesController,
     ],
-    include_in_schema=False,
     request_class=JsonRequest,
 )
 

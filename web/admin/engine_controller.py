@@ -52,7 +52,8 @@ async def engine_status(request: AdminRequest) -> EngineState:
     running = _running_engine(request)
     fleet = getattr(running, "fleet", None)
     views = await fleet.poll() if fleet is not None else None
-    snapshot = await _maybe_await(running.stats())
+    stats = getattr(running, "stats", None)
+    snapshot = await _maybe_await(stats()) if callable(stats) else None
     if not isinstance(snapshot, EngineSnapshot):
         raise ApiError(501, "This engine does not report its state.", code="not_implemented")
     if views is None:
