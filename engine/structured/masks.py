@@ -62,9 +62,8 @@ class MaskFiller:
     def apply(logits: torch.Tensor, mask: StepMask) -> None:
         """Set the logits of forbidden tokens to -inf, in place (float32 logits)."""
         vocab = min(logits.shape[1], mask.bitmask.shape[1] * 32)
-        xgrammar.apply_token_bitmask_inplace(
-            logits, mask.bitmask, indices=mask.rows, vocab_size=vocab
-        )
+        bitmask = mask.bitmask.to(logits.device, non_blocking=True)  # filled on the CPU
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask, indices=mask.rows, vocab_size=vocab)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
