@@ -23,6 +23,7 @@ from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_ten
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
 from web import openai_schemas as schemas
 from web.app import create_app
+from web.openapi_doc import RAW_BODIES
 from web.request_fields import CHAT, COMPLETION, FIELDS
 
 # One value of each JSON kind; a value is a wrong type for a field that accepts none of its kinds.
@@ -139,17 +140,21 @@ def _check(response: Any, field: str, value: Any, must_refuse: bool) -> None:
 
 # -- the tenant API ---------------------------------------------------------------------------
 
+# A valid body per tenant route that decodes its own body (web.openapi_doc lists them all).
+VALID_BODIES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    },
+    "/v1/completions": {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+    "/tokenize": {"model": MODEL, "prompt": "hi"},
+    "/detokenize": {"model": MODEL, "tokens": [1, 2]},
+}
+ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETION}
 BASES = {
-    "/v1/chat/completions": (
-        schemas.ChatCompletionRequest,
-        CHAT,
-        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-    ),
-    "/v1/completions": (
-        schemas.CompletionRequest,
-        COMPLETION,
-        {"model": MODEL, "prompt": "hi", "max_tokens": 2},
-    ),
+    path: (struct, ENDPOINTS.get(path), VALID_BODIES[path])
+    for path, (struct, _, _) in RAW_BODIES.items()
 }
 
 
@@ -170,7 +175,7 @@ def test_every_tenant_api_field_refuses_bad_values_with_a_4xx(
     fields = _fields(struct)
     # Registry fields the struct does not carry (refused or default-only) get the edges too.
     for name, rule in FIELDS.items():
-        if endpoint in rule.endpoints and name not in fields:
+        if endpoint is not None and endpoint in rule.endpoints and name not in fields:
             fields[name] = mi.AnyType()
     assert base.keys() <= fields.keys()
     assert tenant_client.post(path, json=base).status_code == 200
@@ -181,17 +186,19 @@ def test_every_tenant_api_field_refuses_bad_values_with_a_4xx(
         checked += 1
     # Nested: every message field, stream_options' fields.
     message_fields = _fields(schemas.ChatMessage)
-    if endpoint == CHAT:
+    if "messages" in fields:
         for field, value, must_refuse in _cases({"role": "user"}, message_fields):
             message = {"role": "user", "content": "hi", field: value}
             response = _send(tenant_client, "POST", path, {**base, "messages": [message]})
             _check(response, f"messages[0].{field}", value, must_refuse)
             checked += 1
     for field, value, must_refuse in _cases({}, _fields(schemas.StreamOptions)):
+        if "stream_options" not in fields:
+            break
         response = _send(tenant_client, "POST", path, {**base, "stream_options": {field: value}})
         _check(response, f"stream_options.{field}", value, must_refuse)
         checked += 1
-    assert checked > 500
+    assert checked > 40
 
 
 def test_unknown_and_misspelled_fields_are_named_in_a_400(
