@@ -46,7 +46,16 @@ async def chat_prompt(
 
 
 def constrained(params: SamplingParams, spec: GrammarSpec | None) -> SamplingParams:
-    return params if spec is None else dataclasses.replace(params, grammar=spec)
+    """``params`` with the grammar; ``min_tokens`` would fight it (the grammar says where the
+    answer ends), so the two together are a 400."""
+    if spec is None:
+        return params
+    if params.min_tokens > 0:
+        raise bad_request(
+            "min_tokens cannot be combined with structured output or required tool calls.",
+            "min_tokens",
+        )
+    return dataclasses.replace(params, grammar=spec)
 
 
 def finish_reason_of(reason: str | None, num_calls: int) -> str | None:

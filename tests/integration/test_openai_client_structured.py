@@ -216,6 +216,7 @@ GRAMMAR = 'root ::= "a"'
             "ignore_eos",
         ),
         ({"extra_body": {"guided_grammar": GRAMMAR}}, "guided_grammar"),
+        ({"extra_body": {"guided_regex": "[0-9]", "min_tokens": 2}}, "min_tokens"),
         ({"extra_body": {"guided_json": PERSON}}, "max_tokens"),  # no answer fits in 5 tokens
         (
             {"extra_body": {"structured_outputs": {"grammar": GRAMMAR}}},
