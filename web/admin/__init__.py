@@ -8,6 +8,7 @@ from web.admin.audit_controller import list_audit
 from web.admin.auth import admin_guard
 from web.admin.engine_controller import engine_status
 from web.admin.keys_controller import KeysController
+from web.admin.live_controller import live_metrics
 from web.admin.prefixes_controller import PublicPrefixesController
 from web.admin.tenants_controller import TenantsController
 from web.admin.usage_controller import (
@@ -32,6 +33,7 @@ admin_router = Router(
         list_prices,
         list_audit,
         engine_status,
+        live_metrics,
         PublicPrefixesController,
     ],
     request_class=JsonRequest,

@@ -1,0 +1,115 @@
+"""GET /admin/v1/metrics/live: the console's chart points from the registry and the engine."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from litestar import Litestar
+from litestar.testing import TestClient
+from prometheus_client import Counter
+
+from engine.stats import EngineSnapshot, EngineStats
+from tests.integration.test_admin_app import (
+    ADMIN_TOKEN,
+    admin,
+    anon,
+    assert_error,
+    build_admin_app,
+    db_url,
+)
+from web.admin.live_metrics import MIN_INTERVAL_S
+from web.metrics import GatewayMetrics
+
+__all__ = ["admin", "anon", "db_url"]  # fixtures used below
+Client = TestClient[Litestar]
+
+
+class CountingEngine:
+    """An engine whose counters grow by 1,000 prompt and 100 generated tokens per report."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def stats(self) -> EngineSnapshot:
+        self.calls += 1
+        return EngineSnapshot(
+            running_by_tenant={"t-busy": 3},
+            waiting_by_tenant={"t-busy": 1},
+            num_pages_total=256,
+            num_pages_free=200,
+            counters=EngineStats(
+                num_prefill_tokens=1000 * self.calls, num_generated_tokens=100 * self.calls
+            ),
+        )
+
+
+def two_points(client: Client) -> dict[str, object]:
+    client.get("/admin/v1/metrics/live")
+    time.sleep(MIN_INTERVAL_S + 0.05)
+    return dict(client.get("/admin/v1/metrics/live").json())
+
+
+def test_live_points_from_the_engine_and_the_registry(db_url: str) -> None:
+    metrics = GatewayMetrics()
+    app = build_admin_app(db_url, engine=CountingEngine(), metrics=metrics)
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        tenant = client.post("/admin/v1/tenants", json={"name": "busy"}).json()
+        metrics.observe_ttft("x", 9.0)  # before the first reading: never in a point
+        first = client.get("/admin/v1/metrics/live").json()
+        metrics.observe_ttft("x", 0.3)
+        metrics.itl.observe(0.02)
+        assert first["points"] == []  # a rate needs two readings
+        assert first["missing"] == ["refusals"]  # no refusal counter in this registry
+        assert first["tenant_names"] == {tenant["id"]: "busy"}
+        time.sleep(MIN_INTERVAL_S + 0.05)
+        [point] = client.get("/admin/v1/metrics/live").json()["points"]
+        seconds = 1000 / point["prompt_tokens_per_s"]
+        assert MIN_INTERVAL_S <= seconds < MIN_INTERVAL_S + 2
+        assert point["generated_tokens_per_s"] * 10 == point["prompt_tokens_per_s"]
+        assert 0.25 < point["ttft_p50_s"] <= 0.5 and 0.01 < point["itl_p99_s"] <= 0.025
+        assert point["tenants"] == [
+            {"tenant_id": "t-busy", "running": 3, "waiting": 1, "kv_pages": 0}
+        ]
+        assert point["kv_pages_total"] == 256 and point["refusals_per_min"] is None
+        later = client.get("/admin/v1/metrics/live", params={"since": point["at"]}).json()
+        assert later["points"] == []  # within a second: the same point, already seen
+
+
+def test_refusals_appear_once_a_refusal_counter_exists(db_url: str) -> None:
+    metrics = GatewayMetrics()
+    refused = Counter("atrium_refusals", "Refused requests", ["reason"], registry=metrics.registry)
+    with TestClient(build_admin_app(db_url, metrics=metrics)) as client:
+        client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        client.get("/admin/v1/metrics/live")
+        refused.labels("quota").inc(2)
+        time.sleep(MIN_INTERVAL_S + 0.05)
+        state = client.get("/admin/v1/metrics/live").json()
+        assert state["missing"] == ["engine"]  # no engine here: no tokens/s, no tenants
+        [point] = state["points"]
+        assert set(point["refusals_per_min"]) == {"quota"}
+        assert 0 < point["refusals_per_min"]["quota"] <= 2 * 60 / MIN_INTERVAL_S
+        assert point["prompt_tokens_per_s"] is None and point["tenants"] == []
+
+
+def test_without_metrics_every_series_is_missing(admin: Client) -> None:
+    state = two_points(admin)
+    assert state["missing"] == ["engine", "ttft", "itl", "refusals"]
+    points = state["points"]
+    assert isinstance(points, list) and len(points) == 1
+    point = points[0]
+    assert point["ttft_p50_s"] is None and point["prompt_tokens_per_s"] is None
+
+
+def test_bad_since_is_a_400_and_credentials_are_required(admin: Client, anon: Client) -> None:
+    for value in ("yesterday", "2026-01-01T00:00:00", "", "9" * 400):
+        error = assert_error(admin.get("/admin/v1/metrics/live", params={"since": value}), 400)
+        assert "since" in (error["param"] or error["message"])
+    assert (
+        admin.get(
+            "/admin/v1/metrics/live", params={"since": datetime.now(UTC).isoformat()}
+        ).status_code
+        == 200
+    )
+    assert_error(anon.get("/admin/v1/metrics/live"), 401, "invalid_admin_token")

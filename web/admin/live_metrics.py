@@ -1,0 +1,236 @@
+"""The console's live charts: points sampled from the gateway's Prometheus registry and the
+engines' snapshot, kept in a short history on the app.
+
+Rates and latency quantiles come from differences of cumulative numbers between two readings,
+so a point says what happened lately, not since start. A series the server does not report
+(no engine, no latency histograms, no refusal counter) is named in ``missing``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import msgspec
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+
+from engine.stats import EngineSnapshot
+from web.admin.engine_state import TENANT_PREFIX
+
+MIN_INTERVAL_S = 1.0  # polls closer than this share one point
+LATENCY_WINDOW_S = 30.0  # latency quantiles cover at least the last half minute
+HISTORY_POINTS = 300
+TTFT_FAMILY = "atrium_time_to_first_token_seconds"
+ITL_FAMILY = "atrium_inter_token_latency_seconds"
+REFUSAL_MARK = "refus"  # any counter family named like ``atrium_refusals`` (label ``reason``)
+REASON_LABELS = ("reason", "code", "status")
+
+Buckets = dict[float, float]  # upper bound -> cumulative count, summed over every label set
+
+
+class TenantLive(msgspec.Struct, kw_only=True):
+    tenant_id: str
+    running: int
+    waiting: int
+    kv_pages: int
+
+
+class LivePoint(msgspec.Struct, kw_only=True):
+    """What the server did between the previous reading and ``at``; None: nothing to measure."""
+
+    at: datetime
+    prompt_tokens_per_s: float | None
+    generated_tokens_per_s: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    refusals_per_min: dict[str, float] | None
+    kv_pages_total: int | None
+    tenants: list[TenantLive]
+
+
+class LiveMetrics(msgspec.Struct, kw_only=True):
+    """``missing``: series this server does not report (``engine``, ``ttft``, ``itl``,
+    ``refusals``), drawn as empty charts with a note."""
+
+    interval_s: float
+    latency_window_s: float
+    missing: list[str]
+    tenant_names: dict[str, str]
+    points: list[LivePoint]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The cumulative numbers at one moment (``None``: not reported)."""
+
+    at: float  # monotonic seconds
+    wall: datetime
+    prompt_tokens: int | None
+    generated_tokens: int | None
+    ttft: Buckets | None
+    itl: Buckets | None
+    refusals: dict[str, float] | None
+    snapshot: EngineSnapshot | None
+
+
+def quantile(q: float, later: Buckets, earlier: Buckets | None) -> float | None:
+    """The ``q`` quantile of the observations between two cumulative bucket readings,
+    interpolated inside its bucket (as Prometheus' ``histogram_quantile``)."""
+    bounds = sorted(later)
+    counts = [later[b] - (earlier or {}).get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return lower  # past the last finite bound: its value is all we know
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def _buckets(family: Metric | None) -> Buckets | None:
+    if family is None:
+        return None
+    summed: Buckets = {}
+    for sample in family.samples:
+        if sample.name.endswith("_bucket"):
+            bound = float(sample.labels["le"])
+            summed[bound] = summed.get(bound, 0.0) + sample.value
+    return summed
+
+
+def _reason(labels: Mapping[str, str]) -> str:
+    for name in REASON_LABELS:
+        if name in labels:
+            return labels[name]
+    rest = [value for name, value in sorted(labels.items()) if name != "tenant"]
+    return " ".join(rest) or "all"
+
+
+def _refusals(families: Iterable[Metric]) -> dict[str, float] | None:
+    """Refusals by reason, summed over every refusal counter (and tenant); None: none exists."""
+    found: dict[str, float] | None = None
+    for family in families:
+        if family.type != "counter" or REFUSAL_MARK not in family.name:
+            continue
+        found = {} if found is None else found
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                reason = _reason(sample.labels)
+                found[reason] = found.get(reason, 0.0) + sample.value
+    return found
+
+
+def read(registry: CollectorRegistry | None, snapshot: EngineSnapshot | None) -> Reading:
+    families = {family.name: family for family in registry.collect()} if registry else {}
+    counters = snapshot.counters if snapshot is not None else None
+    return Reading(
+        at=time.monotonic(),
+        wall=datetime.now(UTC),
+        prompt_tokens=None if counters is None else counters.num_prefill_tokens,
+        generated_tokens=None if counters is None else counters.num_generated_tokens,
+        ttft=_buckets(families.get(TTFT_FAMILY)),
+        itl=_buckets(families.get(ITL_FAMILY)),
+        refusals=_refusals(families.values()),
+        snapshot=snapshot,
+    )
+
+
+def _rate(later: int | None, earlier: int | None, seconds: float) -> float | None:
+    if later is None or earlier is None or later < earlier:
+        return None  # not reported, or the counter restarted (an engine came back)
+    return (later - earlier) / seconds
+
+
+def _tenants(snapshot: EngineSnapshot | None) -> list[TenantLive]:
+    if snapshot is None:
+        return []
+    pages = {
+        namespace.removeprefix(TENANT_PREFIX): numbers.resident_pages
+        for namespace, numbers in snapshot.cache_by_namespace.items()
+        if namespace.startswith(TENANT_PREFIX)
+    }
+    ids = set(snapshot.running_by_tenant) | set(snapshot.waiting_by_tenant) | set(pages)
+    return [
+        TenantLive(
+            tenant_id=tenant_id,
+            running=snapshot.running_by_tenant.get(tenant_id, 0),
+            waiting=snapshot.waiting_by_tenant.get(tenant_id, 0),
+            kv_pages=pages.get(tenant_id, 0),
+        )
+        for tenant_id in sorted(ids)
+    ]
+
+
+def point(now: Reading, before: Reading, window_start: Reading) -> LivePoint:
+    """The point at ``now``: rates since ``before``, latency since ``window_start``."""
+    seconds = max(now.at - before.at, 1e-9)
+    refusals = None
+    if now.refusals is not None:
+        earlier = before.refusals or {}
+        refusals = {
+            reason: max(count - earlier.get(reason, 0.0), 0.0) * 60.0 / seconds
+            for reason, count in sorted(now.refusals.items())
+        }
+
+    def latency(q: float, later: Buckets | None, start: Buckets | None) -> float | None:
+        return None if later is None else quantile(q, later, start)
+
+    return LivePoint(
+        at=now.wall,
+        prompt_tokens_per_s=_rate(now.prompt_tokens, before.prompt_tokens, seconds),
+        generated_tokens_per_s=_rate(now.generated_tokens, before.generated_tokens, seconds),
+        ttft_p50_s=latency(0.5, now.ttft, window_start.ttft),
+        ttft_p99_s=latency(0.99, now.ttft, window_start.ttft),
+        itl_p50_s=latency(0.5, now.itl, window_start.itl),
+        itl_p99_s=latency(0.99, now.itl, window_start.itl),
+        refusals_per_min=refusals,
+        kv_pages_total=None if now.snapshot is None else now.snapshot.num_pages_total,
+        tenants=_tenants(now.snapshot),
+    )
+
+
+def missing(reading: Reading) -> list[str]:
+    gone = {
+        "engine": reading.snapshot is None,
+        "ttft": reading.ttft is None,
+        "itl": reading.itl is None,
+        "refusals": reading.refusals is None,
+    }
+    return [name for name, absent in gone.items() if absent]
+
+
+@dataclass(slots=True)
+class LiveHistory:
+    """Readings and the points drawn from them, newest last; one point per ``MIN_INTERVAL_S``
+    at most, however many consoles poll."""
+
+    readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    points: deque[LivePoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+
+    def add(self, reading: Reading) -> Reading:
+        """Record ``reading`` (and its point, from the previous one); returns the latest."""
+        if self.readings and reading.at - self.readings[-1].at < MIN_INTERVAL_S:
+            return self.readings[-1]
+        if self.readings:
+            window_start = next(
+                (r for r in reversed(self.readings) if reading.at - r.at >= LATENCY_WINDOW_S),
+                self.readings[0],
+            )
+            self.points.append(point(reading, self.readings[-1], window_start))
+        self.readings.append(reading)
+        return reading
+
+    def since(self, after: datetime | None) -> list[LivePoint]:
+        return [p for p in self.points if after is None or p.at > after]
