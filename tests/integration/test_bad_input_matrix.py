@@ -74,6 +74,8 @@ EDGES: list[Any] = [
     {str(i): i for i in range(2_000)},
 ]
 ERROR_KEYS = {"message", "type", "param", "code"}
+# The admin routes store what they accept (a transaction each): half the edges keep it short.
+ADMIN_EDGES = [EDGES[i] for i in (0, 1, 3, 5, 9, 10, 11, 12, 14, 18)]
 
 
 def _kinds(t: mi.Type) -> set[str]:
@@ -101,13 +103,15 @@ def _fields(struct: type[msgspec.Struct]) -> dict[str, mi.Type]:
     return {f.encode_name: f.type for f in info.fields}
 
 
-def _cases(base: dict[str, Any], fields: dict[str, mi.Type]) -> Iterator[tuple[str, Any, bool]]:
+def _cases(
+    base: dict[str, Any], fields: dict[str, mi.Type], edges: list[Any] = EDGES
+) -> Iterator[tuple[str, Any, bool]]:
     """(field, value, must_refuse) for every field: wrong types must be refused; edges need
     only not fail."""
     for name, t in fields.items():
         for value in _wrong_values(t):
             yield name, value, True
-        for value in EDGES:
+        for value in edges:
             yield name, value, False
         if name in base:  # a required field sent as null
             yield name, None, not _accepts_null(t)
@@ -258,7 +262,7 @@ def test_every_admin_api_body_field_refuses_bad_values_with_a_4xx(
         assert "{" not in path, template
         struct = _struct_of(annotation)
         if struct is None:  # a plain mapping (the console's forms): edges of the whole body
-            for value in EDGES:
+            for value in ADMIN_EDGES:
                 response = _send(admin_client, method, path, value)
                 _check(response, f"{template} body", value, False)
                 checked += 1
@@ -267,12 +271,12 @@ def test_every_admin_api_body_field_refuses_bad_values_with_a_4xx(
         base = _required(struct)
         # The base body is valid (a key rotated once already answers 409, not 400).
         assert _send(admin_client, method, path, base()).status_code in (200, 201, 409), template
-        for field, value, must_refuse in _cases(base(), fields):
+        for field, value, must_refuse in _cases(base(), fields, ADMIN_EDGES):
             response = _send(admin_client, method, path, {**base(), field: value})
             _check(response, f"{method} {template} {field}", value, must_refuse)
             checked += 1
             for inner_name, inner in _nested_structs(fields.get(field)):
-                for inner_field, inner_value, inner_refuse in _cases({}, inner):
+                for inner_field, inner_value, inner_refuse in _cases({}, inner, ADMIN_EDGES):
                     body = {**base(), field: {inner_field: inner_value}}
                     response = _send(admin_client, method, path, body)
                     where = f"{method} {template} {field}.{inner_name}{inner_field}"
