@@ -78,28 +78,33 @@ class BillingService:
         price: PriceInfo | None,
         *where: ColumnElement[bool],
     ) -> None:
+        batch = Ev.batch_id.is_not(None)
         stmt = (
             select(
                 Ev.tenant_id,
                 Ev.model,
+                batch,
                 func.count(),
                 func.sum(Ev.prompt_tokens),
                 func.sum(Ev.cached_tokens),
                 func.sum(Ev.completion_tokens),
             )
             .where(*where)
-            .group_by(Ev.tenant_id, Ev.model)
+            .group_by(Ev.tenant_id, Ev.model, batch)
         )
         async with self._db.sessions() as session:
             rows = (await session.execute(stmt)).all()
-        for tenant_id, model, count, prompt, cached, completion in rows:
+        for tenant_id, model, is_batch, count, prompt, cached, completion in rows:
             acc = accs.setdefault((tenant_id, model, price.currency if price else ""), _Acc())
             acc.requests += int(count)
             acc.prompt += int(prompt)
             acc.cached += int(cached)
             acc.completion += int(completion)
             if price is not None:
-                acc.numerator += cost_numerator(price, int(prompt), int(cached), int(completion))
+                # Kept in hundredths, so a batch discount stays exact until the row's rounding.
+                percent = 100 - (price.batch_discount_percent if is_batch else 0)
+                numerator = cost_numerator(price, int(prompt), int(cached), int(completion))
+                acc.numerator += numerator * percent
 
     async def _rows(self, accs: dict[tuple[str, str, str], _Acc]) -> list[BillingRow]:
         tenant_ids = sorted({tenant_id for tenant_id, _, _ in accs})
@@ -110,7 +115,7 @@ class BillingService:
             names = {tenant_id: name for tenant_id, name in result}
         rows = []
         for (tenant_id, model, currency), acc in sorted(accs.items()):
-            micros = round_micros(acc.numerator)
+            micros = round_micros(acc.numerator, scale=100)
             rows.append(
                 BillingRow(
                     tenant_id=tenant_id,

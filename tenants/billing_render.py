@@ -26,9 +26,10 @@ def cost_numerator(price: PriceInfo, prompt: int, cached: int, completion: int) 
     )
 
 
-def round_micros(numerator: int) -> int:
-    """Exact numerator → micro-units, rounding half up once per export row."""
-    return (numerator + TOKENS_PER_PRICE_UNIT // 2) // TOKENS_PER_PRICE_UNIT
+def round_micros(numerator: int, scale: int = 1) -> int:
+    """Exact numerator (times ``scale``) → micro-units, rounding half up once per export row."""
+    unit = TOKENS_PER_PRICE_UNIT * scale
+    return (numerator + unit // 2) // unit
 
 
 def format_money(micros: int) -> str:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -131,6 +132,7 @@ class UsageEventRow(Base):
     finished_at: Mapped[datetime] = mapped_column(UtcDateTime)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     duration_ms: Mapped[float | None] = mapped_column(Float)
+    batch_id: Mapped[str | None] = mapped_column(String(40))  # a batch line's (batch price)
 
 
 class UsageRollup(Base):
@@ -216,6 +218,8 @@ class Price(Base):
     output_per_million: Mapped[int] = mapped_column(BigInteger)
     currency: Mapped[str] = mapped_column(String(3))
     effective_from: Mapped[datetime] = mapped_column(UtcDateTime)
+    # Batch lines cost this many percent less (migration 0007).
+    batch_discount_percent: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class AuditEntry(Base):
@@ -275,3 +279,74 @@ class PublicPrefixRow(Base):
     created_by: Mapped[str] = mapped_column(String(100))
     unpublished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     unpublished_by: Mapped[str | None] = mapped_column(String(100))
+
+
+class BatchFile(Base):
+    """A tenant's uploaded batch input, or a batch's output or error file (bytes kept here)."""
+
+    __tablename__ = "batch_files"
+    __table_args__ = (Index("ix_batch_files_tenant_id_created_at", "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    purpose: Mapped[str] = mapped_column(String(16))  # batch | batch_output
+    filename: Mapped[str] = mapped_column(String(255))
+    num_bytes: Mapped[int] = mapped_column(BigInteger)
+    num_lines: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class BatchRow(Base):
+    """A batch job; its lines are ``BatchLineRow``s and its counts are counted from them."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_tenant_id_created_at", "tenant_id", "created_at"),
+        Index("ix_batches_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str | None] = mapped_column(String(32))  # the key that created it runs it
+    endpoint: Mapped[str] = mapped_column(String(40))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(8))
+    status: Mapped[str] = mapped_column(String(16))
+    output_file_id: Mapped[str | None] = mapped_column(String(40))
+    error_file_id: Mapped[str | None] = mapped_column(String(40))
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True))
+    batch_metadata: Mapped[dict[str, str] | None] = mapped_column(JSON(none_as_null=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    failed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    expired_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # The gateway finalizing it (a gateway lease); another takes over once that lease expires.
+    lease_id: Mapped[str | None] = mapped_column(String(32))
+
+
+class BatchLineRow(Base):
+    """One request of a batch: ``pending`` → ``running`` (claimed by a gateway lease) →
+    ``completed`` | ``failed``; a claim whose lease expired is taken again."""
+
+    __tablename__ = "batch_lines"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id"),
+        Index("ix_batch_lines_status_batch_id", "status", "batch_id"),
+    )
+
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)
+    custom_id: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(Text)  # the line's request body, JSON
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    lease_id: Mapped[str | None] = mapped_column(String(32))
+    not_before: Mapped[datetime | None] = mapped_column(UtcDateTime)  # a quota said wait
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -19,6 +19,7 @@ def price_info(row: Price) -> PriceInfo:
         output_per_million=row.output_per_million,
         currency=row.currency,
         effective_from=row.effective_from,
+        batch_discount_percent=row.batch_discount_percent,
     )
 
 
@@ -46,6 +47,7 @@ class PriceService:
             row.cached_input_per_million = spec.cached_input_per_million
             row.output_per_million = spec.output_per_million
             row.currency = spec.currency
+            row.batch_discount_percent = spec.batch_discount_percent
             await session.flush()
             after = price_info(row)
             add_entry(

@@ -37,6 +37,7 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     # Admitted without a budget reservation (the database was unreachable): storing the event
     # charges its tokens to the monthly budget instead of a later settle.
     charge_budget: bool = False
+    batch_id: str | None = None  # a batch line's usage: priced at the batch discount
 
     def __post_init__(self) -> None:
         if not self.request_id or not self.tenant_id or not self.model:
@@ -57,10 +58,16 @@ class PriceSet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     output_per_million: int
     currency: str = "USD"
     effective_from: datetime | None = None
+    # Batch API lines cost this many percent less (0 to 100).
+    batch_discount_percent: int = 0
 
     def __post_init__(self) -> None:
         for name in ("input_per_million", "cached_input_per_million", "output_per_million"):
             check_count(getattr(self, name), name)
+        if not 0 <= self.batch_discount_percent <= 100:
+            raise InvalidInputError(
+                "batch_discount_percent must be between 0 and 100", "batch_discount_percent"
+            )
         if len(self.currency) != 3 or not self.currency.isalpha() or not self.currency.isupper():
             raise InvalidInputError("currency must be a 3-letter ISO 4217 code", "currency")
         if self.effective_from is not None and self.effective_from.tzinfo is None:
@@ -74,6 +81,7 @@ class PriceInfo(msgspec.Struct, frozen=True, kw_only=True):
     output_per_million: int
     currency: str
     effective_from: datetime
+    batch_discount_percent: int = 0
 
 
 def check_model(model: str) -> None:

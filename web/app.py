@@ -15,7 +15,7 @@ from litestar.datastructures import State
 from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
-from web import health, routes_openai
+from web import batch_routes, health, routes_openai
 from web.auth_limiter import STATE_KEY as AUTH_LIMITER
 from web.auth_limiter import FailedAuthLimiter
 from web.errors import handle_exception
@@ -206,7 +206,13 @@ def create_app(
             log.info("gateway_stopped")
 
     return Litestar(
-        route_handlers=[*routes_openai.ROUTES, *health.ROUTES, *admin, internal_router],
+        route_handlers=[
+            *routes_openai.ROUTES,
+            *batch_routes.ROUTES,
+            *health.ROUTES,
+            *admin,
+            internal_router,
+        ],
         exception_handlers={Exception: handle_exception},
         lifespan=[lifespan],
         on_startup=[describe_openapi],

@@ -281,7 +281,7 @@ class GenerationService:
             request_id=choice.request_id,
             prompt_token_ids=choice.prompt_token_ids,
             params=choice.params,
-            tenant_id=principal.tenant_id,
+            tenant_id=principal.engine_tenant_id,
             tenant_weight=principal.weight,
             allow_public_prefix=principal.allow_public_prefix,
             kv_cache_share=principal.kv_cache_share,
@@ -414,6 +414,7 @@ class GenerationService:
             finished_at=datetime.now(UTC),
             key_id=job.ticket.principal.key_id,
             ttft_s=ttft,
+            batch_id=job.ticket.principal.batch_id,
             **counts,
         )
         log.info("request_finished", status=status, finish_reason=job.finish_reason, **counts)

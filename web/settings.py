@@ -93,6 +93,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # engine_connect_timeout_s, or sends nothing for engine_read_timeout_s (first token included).
     engine_connect_timeout_s: float = 2.0
     engine_read_timeout_s: float = 120.0
+    # Batch API: lines run at batch_weight_fraction of their tenant's fair-share weight, at most
+    # batch_max_concurrency at once per gateway, claimed every batch_poll_s; an input file holds
+    # at most batch_max_file_bytes and batch_max_lines requests.
+    batch_weight_fraction: float = 0.1
+    batch_max_concurrency: int = 4
+    batch_poll_s: float = 1.0
+    batch_max_file_bytes: int = 16 * 2**20
+    batch_max_lines: int = 10_000
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -128,6 +136,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         self.engine_target_tpot_ms  # noqa: B018 (validates)
         if self.auth_failures_per_minute < 0:
             raise SettingsError("auth_failures_per_minute must not be negative")
+        if not 0 < self.batch_weight_fraction <= 1:
+            raise SettingsError("batch_weight_fraction must be in (0, 1]")
+        if not 0 < self.batch_poll_s < math.inf:
+            raise SettingsError("batch_poll_s must be positive")
+        for name in ("batch_max_concurrency", "batch_max_file_bytes", "batch_max_lines"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive")
         if not 0 < self.gateway_lease_s < math.inf:
             raise SettingsError("gateway_lease_s must be positive")
         if not 0 < self.header_timeout_s < math.inf:

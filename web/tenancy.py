@@ -35,6 +35,14 @@ class Principal:
     kv_cache_share: float | None = None  # fraction of the KV cache its prefixes may keep
     scopes: tuple[str, ...] = SCOPES  # what the key may call: "inference", "usage:read"
     models: tuple[str, ...] | None = None  # the models the key may call; None: every model
+    # Set on a Batch API line's principal (its weight is then a fraction of the tenant's).
+    batch_id: str | None = None
+
+    @property
+    def engine_tenant_id(self) -> str:
+        """Whom the engine's fair share charges: a tenant's batch lines count apart from its
+        interactive requests, so their lower weight makes them yield to those."""
+        return self.tenant_id if self.batch_id is None else f"{self.tenant_id}/batch"
 
     def allows_model(self, *names: str) -> bool:
         """Whether the key may call a model known by any of ``names`` (its name, an alias)."""
@@ -66,6 +74,7 @@ class UsageRecord:
     finished_at: datetime
     key_id: str | None = None
     ttft_s: float | None = None
+    batch_id: str | None = None
 
 
 class Tenancy(Protocol):

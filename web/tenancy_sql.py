@@ -8,6 +8,7 @@ once the monitor sees the database answer again.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import exc as sa_exc
 
 from tenants.admission import AdmissionService
+from tenants.batch_files import FileService
+from tenants.batch_store import BatchStore
 from tenants.database import Database, is_unavailable
 from tenants.domain import TenantDomain
 from tenants.errors import InvalidKeyError, TenantSuspendedError
@@ -158,6 +161,7 @@ class SqlTenancy:
             ttft_ms=None if usage.ttft_s is None else usage.ttft_s * 1000.0,
             duration_ms=(usage.finished_at - usage.started_at).total_seconds() * 1000.0,
             charge_budget=isinstance(handle, LocalTicket),
+            batch_id=usage.batch_id,
         )
         actual = Usage(
             prompt_tokens=event.prompt_tokens,
@@ -218,6 +222,12 @@ class SqlTenancy:
                 "The tenant database is busy; retry shortly.", 1.0, code="database_busy"
             ) from error
         raise error
+
+    def batch_principal(self, ctx: AuthContext, batch_id: str, weight_fraction: float) -> Principal:
+        """A Batch API line's principal: the key's, at ``weight_fraction`` of the tenant's
+        weight, so the line yields to the tenant's interactive requests."""
+        principal = self._principal(ctx)
+        return replace(principal, weight=principal.weight * weight_fraction, batch_id=batch_id)
 
     def _principal(self, ctx: AuthContext) -> Principal:
         self._contexts[ctx.key_id] = ctx
@@ -337,8 +347,16 @@ async def connect_sql_tenancy(
     if callable(drop):  # a suspended or deleted tenant's cached pages go at once
         tenancy.on_tenant_gone.append(drop)
     tenancy.start()
+    # The Batch API's files and batches, and the runner of their lines (web/batch_runner.py).
+    from web.batch_runner import BatchRunner
+
+    state.batch_files = FileService(db)
+    state.batch_store = BatchStore(db)
+    runner = BatchRunner(state.batch_store, state, settings, lease, tenancy)
+    runner.start()
 
     async def close() -> None:
+        await runner.stop()
         await tenancy.monitor.stop()
         await lease.stop()
         await domain.close()

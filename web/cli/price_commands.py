@@ -16,6 +16,7 @@ PRICE_COLUMNS = (
     ("cached_input_per_million", "cached input/M"),
     ("output_per_million", "output/M"),
     ("currency", "currency"),
+    ("batch_discount_percent", "batch -%"),
     ("effective_from", "from"),
 )
 MICROS_NOTE = "integer micro-units of the currency per million tokens (1 USD = 1000000)"
@@ -29,6 +30,7 @@ def run_set(args: argparse.Namespace) -> int:
             output_per_million=args.output_price,
             currency=args.currency,
             effective_from=args.effective_from,
+            batch_discount_percent=args.batch_discount,
         )
         return await svc.prices.set_price(args.model, spec, actor=CLI_ACTOR)
 
@@ -55,6 +57,10 @@ def register(subparsers: Any) -> None:
     for flag in ("--input-price", "--cached-input-price", "--output-price"):
         setting.add_argument(flag, type=int, required=True, metavar="MICROS")
     setting.add_argument("--currency", default="USD")
+    setting.add_argument(
+        "--batch-discount", type=int, default=0, metavar="PERCENT",
+        help="Batch API lines cost this many percent less (0-100)",
+    )  # fmt: skip
     setting.add_argument("--effective-from", type=instant, metavar="TIME")
     database_flag(setting)
     output_flags(setting)

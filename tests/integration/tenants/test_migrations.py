@@ -27,6 +27,9 @@ TABLES = {
     "key_rate_buckets",
     "gateway_leases",
     "public_prefixes",
+    "batch_files",
+    "batches",
+    "batch_lines",
 }
 
 

@@ -1,0 +1,113 @@
+"""Batches in SQL: two gateways claim a batch's lines concurrently and never share one; a dead
+gateway's claims are taken again once its lease expires; a lost claim cannot store a result;
+and tenants see only their own batches."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from tenants import TenantDomain
+from tenants.batch_files import FileService
+from tenants.batch_store import BatchStore, ClaimedLine
+from tenants.errors import ConflictError, NotFoundError
+from tenants.schemas import TenantCreate
+from tests.integration.tenants.conftest import FakeClock, OpenDomain
+
+LINES = 40
+CHAT = "/v1/chat/completions"
+
+
+def _jsonl(count: int, url: str = CHAT) -> bytes:
+    lines = [
+        {"custom_id": f"req-{n}", "method": "POST", "url": url, "body": {"model": "m"}}
+        for n in range(count)
+    ]
+    return b"".join(msgspec.json.encode(line) + b"\n" for line in lines)
+
+
+async def _batch(domain: TenantDomain, clock: FakeClock, count: int) -> tuple[BatchStore, str]:
+    tenant = await domain.tenants.create(TenantCreate(name="acme"))
+    info, _ = await domain.keys.create_key(tenant.id)
+    files = FileService(domain.db, clock)
+    upload = await files.upload(tenant.id, "in.jsonl", _jsonl(count), max_lines=100)
+    store = BatchStore(domain.db, clock)
+    batch = await store.create(
+        tenant.id, info.id, input_file_id=upload.id, endpoint=CHAT, completion_window="24h",
+        max_lines=100,
+    )  # fmt: skip
+    assert await store.set_status(batch.id, "validating", "in_progress")
+    return store, batch.id
+
+
+async def _drain(store: BatchStore, lease_id: str) -> list[ClaimedLine]:
+    taken: list[ClaimedLine] = []
+    while claims := await store.claim(lease_id, 3):
+        taken += claims
+        await asyncio.sleep(0)
+    return taken
+
+
+def test_two_gateways_never_claim_the_same_line(open_domain: OpenDomain, clock: FakeClock) -> None:
+    async def scenario() -> None:
+        async with open_domain() as domain:
+            store, batch_id = await _batch(domain, clock, LINES)
+            a = await domain.leases.acquire(60.0)
+            b = await domain.leases.acquire(60.0)
+            first, second = await asyncio.gather(_drain(store, a), _drain(store, b))
+            lines = [c.line for c in first] + [c.line for c in second]
+            assert sorted(lines) == list(range(LINES))  # each line once, none left out
+            assert first and all(c.lease_id == a for c in first)
+            info = await store.get(first[0].tenant_id, batch_id)
+            assert info.request_counts.total == LINES
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_gateways_claims_are_taken_again_and_its_late_result_refused(
+    open_domain: OpenDomain, clock: FakeClock
+) -> None:
+    async def scenario() -> None:
+        async with open_domain() as domain:
+            store, batch_id = await _batch(domain, clock, 3)
+            dead = await domain.leases.acquire(10.0)
+            claimed = await store.claim(dead, 3)
+            live = await domain.leases.acquire(60.0)
+            assert await store.claim(live, 3) == []  # held by a live lease
+            clock.advance(11.0)
+            live_after = await domain.leases.acquire(60.0)
+            retaken = await store.claim(live_after, 3)
+            assert [c.line for c in retaken] == [0, 1, 2]
+            assert all(c.attempt == 2 for c in retaken)
+            ok = {"response": {"status_code": 200}}
+            assert not await store.finish_line(claimed[0], "completed", ok)  # claim lost
+            assert await store.finish_line(retaken[0], "completed", ok)
+            assert await store.retry_line(retaken[1], 30.0)
+            assert await store.claim(live_after, 3) == []  # not before 30 s
+            clock.advance(31.0)
+            assert [c.line for c in await store.claim(live_after, 3)] == [1]
+            counts = (await store.get(retaken[0].tenant_id, batch_id)).request_counts
+            assert (counts.total, counts.completed, counts.failed) == (3, 1, 0)
+
+    asyncio.run(scenario())
+
+
+def test_cancel_and_tenant_isolation(open_domain: OpenDomain, clock: FakeClock) -> None:
+    async def scenario() -> None:
+        async with open_domain() as domain:
+            store, batch_id = await _batch(domain, clock, 2)
+            other = await domain.tenants.create(TenantCreate(name="other"))
+            with pytest.raises(NotFoundError):
+                await store.get(other.id, batch_id)
+            with pytest.raises(NotFoundError):
+                await store.cancel(other.id, batch_id)
+            tenant_id = (await store.batches_in(["in_progress"]))[0].tenant_id
+            assert (await store.cancel(tenant_id, batch_id)).status == "cancelling"
+            with pytest.raises(ConflictError):
+                await store.cancel(tenant_id, batch_id)
+            lease = await domain.leases.acquire(60.0)
+            assert await store.claim(lease, 5) == []  # a cancelling batch starts no line
+
+    asyncio.run(scenario())
