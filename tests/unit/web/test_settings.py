@@ -158,3 +158,25 @@ def test_role_and_engine_url_come_from_flags() -> None:
     settings = Settings.load(flags, environ={"ATRIUM_ENGINE_TOKEN": "t"})
     assert (settings.role, settings.engine_url) == ("gateway", "http://router:30000")
     assert Settings.load(environ={}).role == "all"
+
+
+def test_server_limits_come_from_the_environment_and_are_checked() -> None:
+    default = Settings.load(environ={})
+    assert (default.header_timeout_s, default.keep_alive_timeout_s) == (10.0, 5)
+    assert default.max_connections == 1024
+    env = {
+        "ATRIUM_HEADER_TIMEOUT_S": "2.5",
+        "ATRIUM_KEEP_ALIVE_TIMEOUT_S": "30",
+        "ATRIUM_MAX_CONNECTIONS": "0",  # no limit
+    }
+    loaded = Settings.load(environ=env)
+    assert (loaded.header_timeout_s, loaded.keep_alive_timeout_s) == (2.5, 30)
+    assert loaded.max_connections == 0
+    for bad in (
+        {"ATRIUM_HEADER_TIMEOUT_S": "0"},
+        {"ATRIUM_HEADER_TIMEOUT_S": "inf"},
+        {"ATRIUM_KEEP_ALIVE_TIMEOUT_S": "0"},
+        {"ATRIUM_MAX_CONNECTIONS": "-1"},
+    ):
+        with pytest.raises(SettingsError):
+            Settings.load(environ=bad)
