@@ -187,3 +187,20 @@ def test_schema_grammars_keep_non_ascii_literals_and_refuse_control_characters(
     assert not accepts('{"a": "Ün\u0efcode", "b": ""}')
     assert not accepts('{"a": "Ünïcode", "b": "\x18"}')  # JSON forbids raw control characters
     compiler.close()
+
+
+def test_chunked_prefill_and_prefix_hits_keep_the_grammar(tiny: LoadedModel) -> None:
+    """A 150-token prompt in 32-token chunks beside decodes; the second wave hits the cache."""
+    engine = make_engine(tiny, max_num_batched_tokens=32)
+    prompt = [(7 * i) % 250 + 3 for i in range(150)]
+    spec = GrammarSpec.json_schema(SCHEMA)
+    params = [SamplingParams(max_tokens=60, temperature=1.0, seed=s, grammar=spec) for s in (1, 2)]
+    first = generate(engine, params, prompt)
+    for i, p in enumerate(params):
+        engine.add_request(GenerateRequest(f"again{i}", prompt, p))
+    outputs = run_all(engine)
+    again = [result(outputs[f"again{i}"]) for i in range(2)]
+    assert outputs["again0"][-1].num_cached_tokens >= 144  # the prompt's full pages
+    for text, _, _ in first + again:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    assert [a[0] for a in again] == [f[0] for f in first]  # seeded: the same answers
