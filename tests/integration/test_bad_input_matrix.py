@@ -7,6 +7,8 @@ admin routes' own body types, so a field added to any of them is covered without
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +21,12 @@ from litestar import Litestar
 from litestar.routes import HTTPRoute
 from litestar.testing import TestClient
 
+from tenants.database import Database
+from tenants.server_secrets import ensure_admin_token
 from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy, settings
+from tests.integration.pg_gateway import migrated_database
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
+from tests.support.postgres import pg_url
 from web import openai_schemas as schemas
 from web.app import create_app
 from web.openapi_doc import RAW_BODIES
@@ -218,12 +224,30 @@ def test_unknown_and_misspelled_fields_are_named_in_a_400(
 # -- the admin API ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def admin_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient[Litestar]]:
-    url = migrated_sqlite(tmp_path_factory.mktemp("matrix") / "admin.db")
-    with TestClient(build_admin_app(url)) as client:
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def admin_client(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TestClient[Litestar]]:
+    """The admin API on each database: PostgreSQL refuses some text SQLite stores (NUL)."""
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            url = migrated_sqlite(tmp_path_factory.mktemp("matrix") / "admin.db")
+        else:
+            url = pg_url(stack.enter_context(migrated_database()))
+            asyncio.run(_store_admin_token(url))
+        client = stack.enter_context(TestClient(build_admin_app(url)))
         client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         yield client
+
+
+async def _store_admin_token(url: str) -> None:
+    db = await Database.connect(url)
+    try:
+        await ensure_admin_token(db, ADMIN_TOKEN)
+    finally:
+        await db.close()
 
 
 def _body_routes(app: Litestar) -> list[tuple[str, str, Any]]:
