@@ -204,3 +204,21 @@ def test_chunked_prefill_and_prefix_hits_keep_the_grammar(tiny: LoadedModel) -> 
     for text, _, _ in first + again:
         jsonschema.validate(json.loads(text), SCHEMA)
     assert [a[0] for a in again] == [f[0] for f in first]  # seeded: the same answers
+
+
+def test_preempted_requests_resume_their_grammar(tiny: LoadedModel) -> None:
+    """Answers of at least 135 tokens each, four at once in a cache of 224 tokens."""
+    long_list = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 25}},
+        "required": ["tags"],
+        "additionalProperties": False,
+    }
+    engine = make_engine(tiny, num_pages=14, max_num_batched_tokens=64)
+    spec = GrammarSpec.json_schema(long_list)
+    params = [
+        SamplingParams(max_tokens=160, temperature=1.0, seed=s, grammar=spec) for s in range(4)
+    ]
+    for text, _, _ in generate(engine, params):
+        jsonschema.validate(json.loads(text), long_list)
+    assert engine.stats.num_preemptions > 0
