@@ -108,8 +108,12 @@ class GrammarState:
         matcher = self.ready()
         if matcher is None or not matcher.accept_token(token_id):
             return False
-        if self.forced:
+        if self.forced and self.forced[0] == token_id:
             self.forced.popleft()
+        elif self.forced:  # another token got through (a row with no finite logit): plan again
+            self.forced.clear()
+            self.closing = False
+            self.planned_text = None
         return True
 
     def plan(self, remaining: int, lookahead: int = 1) -> None:
