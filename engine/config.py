@@ -28,7 +28,9 @@ class EngineConfig:
     pays only when most drafts are right. ``target_tpot_ms`` bounds a step's time, so each
     running request's time per output token (``engine/step_target.py``): new requests are
     admitted and prefill chunks sized only while steps stay within it; "auto" derives it from
-    costs measured at start; None sets no bound.
+    costs measured at start; None sets no bound. ``max_loras`` is how many LoRA adapters stay
+    resident at once (0: adapters off, no memory set aside), each of rank at most
+    ``max_lora_rank`` (``engine/lora/``).
     """
 
     page_size: int = 16
@@ -45,6 +47,8 @@ class EngineConfig:
     target_tpot_ms: float | Literal["auto"] | None = None
     dtype: str = "bfloat16"
     device: str = "cpu"
+    max_loras: int = 0
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -74,6 +78,10 @@ class EngineConfig:
         target = self.target_tpot_ms
         if target is not None and target != "auto" and not 0 < target < float("inf"):
             raise ValueError('target_tpot_ms must be a positive number of milliseconds or "auto"')
+        if not 0 <= self.max_loras <= 256:
+            raise ValueError("max_loras must be between 0 and 256")
+        if not 1 <= self.max_lora_rank <= 512:
+            raise ValueError("max_lora_rank must be between 1 and 512")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
 

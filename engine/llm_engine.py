@@ -23,6 +23,8 @@ from engine.kv_budget import free_memory, size_kv_pool
 from engine.logits_processing import RowState, TokenHistory, process_logits
 from engine.logprobs import gather as gather_logprobs
 from engine.logprobs import take_raw
+from engine.lora.adapter import LoraAdapter
+from engine.lora.manager import LoraManager
 from engine.model.loader import LoadedModel
 from engine.model_runner import ModelRunner
 from engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
@@ -40,6 +42,7 @@ from radix_cache.prefix_cache import (
     PUBLIC_NAMESPACE,
     NoPrefixCache,
     PrefixCache,
+    adapter_namespace,
     tenant_namespace,
 )
 
@@ -109,6 +112,13 @@ class LLMEngine:
             dtype=dtype,
             device=device,
         )
+        self.lora: LoraManager | None = None
+        if config.max_loras > 0:
+            self.lora = LoraManager(
+                model_config, config.max_loras, config.max_lora_rank, dtype, device
+            )
+            self.runner.lora = self.lora
+            self.scheduler.lora_slots = self.lora.slots
         self.scheduler.target = self._step_target(config)
         self.sampler = Sampler()
         self.structured: StructuredOutput | None = None  # built by the first constrained request
@@ -211,18 +221,23 @@ class LLMEngine:
         generator: torch.Generator | None = None
         if params.seed is not None and not params.is_greedy:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        namespace = PUBLIC_NAMESPACE if request.publish else tenant_namespace(request.tenant_id)
+        adapter = self._adapter(request)
+        if adapter is not None:  # public prefixes hold the base model's KV: never matched here
+            namespace = adapter_namespace(request.tenant_id, adapter.name)
         state = Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
             params=params,
             tenant_id=request.tenant_id,
-            namespace=PUBLIC_NAMESPACE if request.publish else tenant_namespace(request.tenant_id),
+            namespace=namespace,
             owner=owner_tag(request.request_id),
             arrival_index=self._num_arrivals,
             tenant_weight=request.tenant_weight,
-            allow_public_prefix=request.allow_public_prefix,
+            allow_public_prefix=request.allow_public_prefix and adapter is None,
             generator=generator,
             publish=request.publish,
+            lora=adapter,
         )
         self._apply_share(state, request.kv_cache_share)
         state.detokenizer = IncrementalDetokenizer(
@@ -249,6 +264,16 @@ class LLMEngine:
             self._held_by[state.request_id] = sibling.request_id
         else:
             self.scheduler.add(state)
+
+    def _adapter(self, request: GenerateRequest) -> LoraAdapter | None:
+        """The request's LoRA adapter, read (and checked) now so a bad one fails at once."""
+        if request.lora_name is None:
+            return None
+        if self.lora is None:
+            raise InvalidRequestError("LoRA adapters are not enabled on this engine", "model")
+        if request.publish:
+            raise InvalidRequestError("a public prefix is computed by the base model", "model")
+        return self.lora.get(request.lora_name, request.lora_path)
 
     def _release_held(self) -> None:
         """Queue the requests whose sibling has computed its prompt (or ended)."""

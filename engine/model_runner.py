@@ -9,6 +9,8 @@ import torch
 
 from engine.attention.backend import AttentionBackend, allocate_kv_caches
 from engine.attention.metadata import AttentionMetadata, SeqSlice, build_attention_metadata
+from engine.lora.batch import LoraStep
+from engine.lora.manager import LoraManager
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledSeq
@@ -20,6 +22,7 @@ class StepInputs(NamedTuple):
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_rows] int64: last token of each sampled sequence, and
     # every row of a drafted decode
+    lora: LoraStep | None = None  # the rows' LoRA adapters; None when no row has one
 
 
 class ModelRunner:
@@ -40,6 +43,7 @@ class ModelRunner:
         self.backend = backend
         self.page_size = page_size
         self.device = torch.device(device)
+        self.lora: LoraManager | None = None  # set by the engine when adapters are on
         # One tensor per layer: [num_pages, 2, page_size, num_kv_heads, head_dim]
         self.kv_caches = allocate_kv_caches(
             config.num_layers,
@@ -57,10 +61,13 @@ class ModelRunner:
         positions: list[int] = []
         logits_indices: list[int] = []
         slices: list[SeqSlice] = []
+        row_slots: list[int] = []  # each row's LoRA slot (-1: none), when adapters are on
         for seq in seqs:
             request = seq.request
             start = request.num_computed_tokens
             end = start + seq.num_new_tokens
+            if self.lora is not None:
+                row_slots.extend([request.lora_slot] * seq.num_new_tokens)
             if seq.draft:
                 # The last token and the draft: one decode row each (row i sees the KV up to its
                 # own position), so they attend like decodes, with the request's prefix shared.
@@ -76,11 +83,15 @@ class ModelRunner:
                 logits_indices.append(len(input_ids) - 1)
             slices.append(SeqSlice(request.block_table, start, seq.num_new_tokens))
         device = self.device
+        lora = None
+        if self.lora is not None and any(slot >= 0 for slot in row_slots):
+            lora = self.lora.step(row_slots, logits_indices)
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
             meta=build_attention_metadata(slices, self.page_size, device),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
+            lora=lora,
         )
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:  # [num_sampled, vocab] float32
@@ -91,5 +102,6 @@ class ModelRunner:
             self.backend,
             self.kv_caches,
             inputs.logits_indices,
+            inputs.lora,
         )
         return logits

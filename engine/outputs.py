@@ -27,6 +27,10 @@ class GenerateRequest:
     # Another live request with the same prompt (a sibling of ``n`` > 1): this one waits until
     # that one's prompt is computed, then finds the prompt's full pages in the prefix cache.
     prefill_after: str | None = None
+    # A LoRA adapter (PEFT folder at ``lora_path``) applied on top of the base model; its KV
+    # lives in a cache namespace of its own within the tenant's.
+    lora_name: str | None = None
+    lora_path: str | None = None
 
 
 class TokenLogprob(NamedTuple):

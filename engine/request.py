@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from engine.detokenizer import IncrementalDetokenizer
     from engine.logits_processing import TokenHistory
+    from engine.lora.adapter import LoraAdapter
     from engine.speculative import DraftState
     from engine.structured.state import GrammarState
 
@@ -59,6 +60,8 @@ class Request:
     draft_state: DraftState | None = None  # n-gram drafting (engine/speculative.py)
     grammar: GrammarState | None = None  # structured output (engine/structured/)
     history: TokenHistory | None = None  # penalties, bias, min_tokens (engine/logits_processing)
+    lora: LoraAdapter | None = None  # its adapter (engine/lora/), if any
+    lora_slot: int = -1  # the resident slot its adapter holds while it runs; -1: none
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

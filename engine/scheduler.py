@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import structlog
 
@@ -26,6 +26,9 @@ from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus
 from engine.step_target import StepTarget
 from radix_cache.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    from engine.lora.slots import AdapterSlots
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +85,9 @@ class Scheduler:
         self.slots: dict[str, int] = {}  # running requests per tenant
         policy.bind_running(self.slots, max_num_seqs)
         self._slot_limit = max_num_seqs  # this step's ``slot_limit``
+        # Resident LoRA adapters (engine/lora/): a request runs only while its adapter holds a
+        # slot; one whose adapter finds every slot pinned waits, and the others go ahead.
+        self.lora_slots: AdapterSlots | None = None
         self._num_admissions = 0
 
     @property
@@ -334,6 +340,9 @@ class Scheduler:
                 break
             if before is not None and not self._comes_before(request, before):
                 break
+            if not self._acquire_adapter(request):
+                deferred.append(self.policy.pop(skip))
+                continue
             # At least the last token is always run: its logits choose the next token.
             match = self.cache.match(
                 request.namespace, request.all_token_ids[:-1], request.allow_public_prefix
@@ -341,6 +350,7 @@ class Scheduler:
             if self._follows_inflight_prefill(request, match.num_tokens):
                 # Its prefix is being computed right now: it reuses it in a later step, and the
                 # requests behind it (other prefixes) are not held up meanwhile.
+                self._release_adapter(request)
                 deferred.append(self.policy.pop(skip))
                 continue
             self.cache.lock(match.node)
@@ -350,6 +360,7 @@ class Scheduler:
             want = min(request.num_remaining_tokens, _allowed(budget, caps, request.tenant_id))
             num_new = self._num_fitting(request, want)
             if num_new == 0:
+                self._release_adapter(request)
                 self.cache.unlock(match.node)
                 request.block_table = []
                 request.num_tree_pages = 0
@@ -375,6 +386,22 @@ class Scheduler:
         for request in reversed(deferred):
             self.policy.defer(request)
         return budget
+
+    def _acquire_adapter(self, request: Request) -> bool:
+        """Pin a slot for the request's adapter (loading it there if needed); False when every
+        slot is pinned by other adapters' running requests."""
+        if request.lora is None or self.lora_slots is None:
+            return True
+        slot = self.lora_slots.acquire(request.lora)
+        if slot is None:
+            return False
+        request.lora_slot = slot
+        return True
+
+    def _release_adapter(self, request: Request) -> None:
+        if request.lora_slot >= 0 and self.lora_slots is not None:
+            self.lora_slots.release(request.lora_slot)
+        request.lora_slot = -1
 
     def _comes_before(self, waiting: Request, running: Request) -> bool:
         key = self.policy.service_key
@@ -489,6 +516,7 @@ class Scheduler:
 
     def _remove_running(self, request: Request) -> None:
         self.running.remove(request)
+        self._release_adapter(request)
         left = self.slots[request.tenant_id] - 1
         if left:
             self.slots[request.tenant_id] = left

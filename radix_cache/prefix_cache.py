@@ -28,6 +28,13 @@ def tenant_namespace(tenant_id: str) -> str:
     return f"tenant:{tenant_id}"
 
 
+def adapter_namespace(tenant_id: str, adapter: str) -> str:
+    """The cache namespace of a tenant's requests through a LoRA adapter: the adapter changes
+    every layer's K/V, so its pages never serve the base model, another adapter or another
+    tenant."""
+    return f"{tenant_namespace(tenant_id)}/lora:{adapter}"
+
+
 class MatchResult(NamedTuple):
     page_ids: list[int]  # pages holding the matched prefix, in order
     num_tokens: int  # matched tokens, always len(page_ids) * page_size
@@ -196,5 +203,6 @@ __all__ = [
     "MatchResult",
     "NoPrefixCache",
     "PrefixCache",
+    "adapter_namespace",
     "tenant_namespace",
 ]

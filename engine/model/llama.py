@@ -11,6 +11,7 @@ pass each (``native_ops``) where the C compiler is available.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -33,6 +34,9 @@ from engine.model.packed_linear import (
     project_add,
 )
 from engine.model.rope import RopeTables, rope_cos_sin, rope_inplace, signed_sin
+
+if TYPE_CHECKING:
+    from engine.lora.batch import LoraStep
 
 
 class RMSNorm(nn.Module):
@@ -84,10 +88,13 @@ class Attention(nn.Module):
         backend: AttentionBackend,
         kv_cache: torch.Tensor,  # [num_pages, 2, page_size, num_kv_heads, head_dim]
         rows: torch.Tensor | None = None,  # [num_out] int64: the only rows returned, or all
+        lora: LoraStep | None = None,  # the step's adapters, if any row has one
     ) -> torch.Tensor:  # [num_out, hidden]: residual + attention output
         n, d = x.shape[0], self.head_dim
         qkv_proj = self.qkv_proj
         qkv = project(x, qkv_proj.weight, self.qkv_packed, qkv_proj.bias)  # [n, q + 2 * kv]
+        if lora is not None:
+            lora.add(self.layer_id, "qkv", x, qkv)
         qk_end = self.q_size + self.kv_size
         if self.q_norm is not None and self.k_norm is not None:
             q_heads = qkv[:, : self.q_size].view(n, self.num_heads, d)
@@ -111,10 +118,14 @@ class Attention(nn.Module):
         if rows is not None:  # every row's K/V is written above; only these go on
             out = out.index_select(0, rows)
         if residual is None:
-            return project(out, self.o_proj.weight, self.o_packed)
-        if rows is not None:
-            residual = residual.index_select(0, rows)
-        return project_add(out, self.o_proj.weight, self.o_packed, residual)
+            projected = project(out, self.o_proj.weight, self.o_packed)
+        else:
+            if rows is not None:
+                residual = residual.index_select(0, rows)
+            projected = project_add(out, self.o_proj.weight, self.o_packed, residual)
+        if lora is not None:
+            lora.add(self.layer_id, "o", out, projected, rows is not None)
+        return projected
 
 
 class DecoderLayer(nn.Module):
@@ -123,7 +134,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_id)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, scratch)
+        self.mlp = MLP(config, layer_id, scratch)
         # Gemma 2's sandwich: a norm on the attention's and on the MLP's output too.
         self.attn_out_norm: RMSNorm | None = None
         self.mlp_out_norm: RMSNorm | None = None
@@ -138,15 +149,17 @@ class DecoderLayer(nn.Module):
         backend: AttentionBackend,
         kv_cache: torch.Tensor,
         rows: torch.Tensor | None = None,  # [num_out] int64: the only rows returned, or all
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:  # [num_out, hidden]
+        sampled = rows is not None
         if self.attn_out_norm is not None and self.mlp_out_norm is not None:
-            h = self.self_attn(self.input_layernorm(x), None, rope, backend, kv_cache, rows)
+            h = self.self_attn(self.input_layernorm(x), None, rope, backend, kv_cache, rows, lora)
             x = (x if rows is None else x.index_select(0, rows)) + self.attn_out_norm(h)
-            h = self.mlp(self.post_attention_layernorm(x), None)
+            h = self.mlp(self.post_attention_layernorm(x), None, lora, sampled)
             sandwiched: torch.Tensor = x + self.mlp_out_norm(h)
             return sandwiched
-        x = self.self_attn(self.input_layernorm(x), x, rope, backend, kv_cache, rows)
-        out: torch.Tensor = self.mlp(self.post_attention_layernorm(x), x)
+        x = self.self_attn(self.input_layernorm(x), x, rope, backend, kv_cache, rows, lora)
+        out: torch.Tensor = self.mlp(self.post_attention_layernorm(x), x, lora, sampled)
         return out
 
 
@@ -261,6 +274,7 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
         kv_caches: list[torch.Tensor],  # per layer [num_pages, 2, page_size, kv_heads, head_dim]
         logits_indices: torch.Tensor,  # [num_logits] int64
+        lora: LoraStep | None = None,  # the step's LoRA adapters; None when no row has one
     ) -> torch.Tensor:  # [num_logits, vocab] float32
         """Run one step; plans the backend for ``meta`` first, then writes K/V per layer."""
         if len(kv_caches) != len(self.layers):
@@ -286,7 +300,7 @@ class LlamaForCausalLM(nn.Module):
             # other rows' K/V are all that later steps read of them (a prefill chunk's rows
             # but its last, ~3% of a prefill step's products).
             tables = local_rope if self.local_rope[i] else rope
-            x = layer(x, tables, backend, kv_cache, logits_indices if i == last else None)
+            x = layer(x, tables, backend, kv_cache, logits_indices if i == last else None, lora)
         x = self.norm(x)  # [num_logits, hidden]
         logits = project(x, self.output_weight, self.output_packed).float()  # [num_logits, vocab]
         cap = self.config.final_logit_softcap

@@ -3,12 +3,17 @@ its layers share."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.nn.functional import gelu, silu
 
 from engine.model.config import ModelConfig
 from engine.model.packed_linear import Packed, project, project_add
+
+if TYPE_CHECKING:
+    from engine.lora.batch import LoraStep
 
 
 class Scratch:
@@ -34,8 +39,11 @@ class Scratch:
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, scratch: Scratch | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int = 0, scratch: Scratch | None = None
+    ) -> None:
         super().__init__()
+        self.layer_id = layer_id
         self.scratch = scratch
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
         self.intermediate_size = config.intermediate_size
@@ -48,8 +56,12 @@ class MLP(nn.Module):
         self,
         x: torch.Tensor,  # [num_tokens, hidden], normalised
         residual: torch.Tensor | None,  # [num_tokens, hidden], or None: the output alone
+        lora: LoraStep | None = None,  # the step's adapters, if any row has one
+        sampled_rows: bool = False,  # x holds the step's sampled rows alone
     ) -> torch.Tensor:  # [num_tokens, hidden]: residual + MLP output
         gate_up = project(x, self.gate_up_proj.weight, self.gate_up_packed)  # [n, 2 * inter]
+        if lora is not None:
+            lora.add(self.layer_id, "gate_up", x, gate_up, sampled_rows)
         inter = self.intermediate_size
         # SwiGLU: SiLU in place over the gate half, then the product into contiguous rows of the
         # shared scratch (oneDNN would copy strided rows first; a new tensor would be mapped and
@@ -61,5 +73,9 @@ class MLP(nn.Module):
         out = None if self.scratch is None else self.scratch.rows(x.shape[0], inter, gate)
         hidden = torch.mul(gate, gate_up[:, inter:], out=out)
         if residual is None:
-            return project(hidden, self.down_proj.weight, self.down_packed)
-        return project_add(hidden, self.down_proj.weight, self.down_packed, residual)
+            down = project(hidden, self.down_proj.weight, self.down_packed)
+        else:
+            down = project_add(hidden, self.down_proj.weight, self.down_packed, residual)
+        if lora is not None:
+            lora.add(self.layer_id, "down", hidden, down, sampled_rows)
+        return down

@@ -1,0 +1,1 @@
+"""LoRA adapters: PEFT-format loading, resident slots with LRU loading, per-row batched deltas."""

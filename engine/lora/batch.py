@@ -1,0 +1,94 @@
+"""A step's rows by adapter slot, and the LoRA deltas they add to each fused projection: rows of
+one slot are gathered into blocks of equal size, so each projection costs one batched product
+for A and one per target for B, whatever the number of adapters in the step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from engine.lora.slots import GROUPS, LoraWeights
+
+
+class LoraRows(NamedTuple):
+    """The rows of one flat batch that have an adapter, as ``num_blocks`` blocks of ``block``
+    rows (the last rows of a slot's last block repeat its first row and are dropped)."""
+
+    block_slots: torch.Tensor  # [num_blocks] int64: each block's slot
+    gather: torch.Tensor  # [num_blocks * block] int64: the batch row of each block row
+    valid: torch.Tensor  # [num_lora_rows] int64: positions in the blocks that are real rows
+    dest: torch.Tensor  # [num_lora_rows] int64: the batch row each of those adds into
+    block: int
+    targets: frozenset[str]  # the targets any of these rows' adapters has
+
+    @classmethod
+    def build(
+        cls, row_slots: Sequence[int], targets: Sequence[frozenset[str]], device: torch.device
+    ) -> LoraRows | None:
+        """From each row's slot (-1: no adapter); None when no row has one."""
+        by_slot: dict[int, list[int]] = {}
+        for row, slot in enumerate(row_slots):
+            if slot >= 0:
+                by_slot.setdefault(slot, []).append(row)
+        if not by_slot:
+            return None
+        num_rows = sum(len(rows) for rows in by_slot.values())
+        # Blocks of a power of two near the mean rows per slot: the padding stays under about
+        # twice the rows, and a long prefill of one adapter does not pad every other slot.
+        mean = -(-num_rows // len(by_slot))
+        block = min(max(len(rows) for rows in by_slot.values()), 1 << (mean - 1).bit_length())
+        block_slots: list[int] = []
+        gather: list[int] = []
+        valid: list[int] = []
+        dest: list[int] = []
+        for slot, rows in by_slot.items():
+            for start in range(0, len(rows), block):
+                chunk = rows[start : start + block]
+                valid.extend(range(len(gather), len(gather) + len(chunk)))
+                dest.extend(chunk)
+                gather.extend(chunk + [chunk[0]] * (block - len(chunk)))
+                block_slots.append(slot)
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        used = frozenset().union(*(targets[s] for s in by_slot))
+        return cls(tensor(block_slots), tensor(gather), tensor(valid), tensor(dest), block, used)
+
+
+class LoraStep(NamedTuple):
+    """The adapters of one step: the slot weights, the layout of all rows, and that of the
+    sampled rows alone (the last layer's output projection and MLP see only those)."""
+
+    weights: LoraWeights
+    rows: LoraRows
+    sampled: LoraRows | None
+
+    def add(
+        self,
+        layer: int,
+        group: str,
+        x: torch.Tensor,  # [n, in]: the projection's input
+        out: torch.Tensor,  # [n, out]: its output, added to in place
+        sampled_rows: bool = False,  # x holds the sampled rows alone
+    ) -> None:
+        rows = self.sampled if sampled_rows else self.rows
+        if rows is None or rows.targets.isdisjoint(GROUPS[group]):
+            return
+        weights = self.weights
+        rank = weights.max_rank
+        num_blocks = rows.block_slots.shape[0]
+        xs = x.index_select(0, rows.gather).view(num_blocks, rows.block, x.shape[1])
+        a = weights.a[layer][group].index_select(0, rows.block_slots)  # [blocks, T * R, in]
+        h = torch.bmm(xs, a.transpose(1, 2))  # [blocks, block, T * R]
+        for t, (target, (start, width)) in enumerate(
+            zip(GROUPS[group], weights.columns[group], strict=True)
+        ):
+            if target not in rows.targets:
+                continue
+            b = weights.b[layer][group][t].index_select(0, rows.block_slots)  # [blocks, out, R]
+            delta = torch.bmm(h[:, :, t * rank : (t + 1) * rank], b.transpose(1, 2))
+            delta = delta.view(-1, width).index_select(0, rows.valid)  # [lora rows, out]
+            out[:, start : start + width].index_add_(0, rows.dest, delta)
