@@ -3,8 +3,9 @@
 uvicorn cancels its keep-alive timer on the first byte of a request and has no deadline for the
 rest of the headers, so a client trickling one header line every few seconds holds a connection
 (and a file descriptor) forever. Here every request's headers must be complete within
-``header_timeout_s`` of the connection opening or of the previous response ending, and past
-``max_connections`` open connections a new one gets a 503 in the documented error shape.
+``header_timeout_s`` of the connection opening or of the previous response ending, its body
+within ``body_timeout_s`` of its headers, and past ``max_connections`` open connections a new
+one gets a 503 in the documented error shape.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):  # type: ignore[misc]
     """uvicorn's httptools protocol with a header-read deadline and a connection cap."""
 
     header_timeout_s: ClassVar[float] = 10.0
+    body_timeout_s: ClassVar[float] = 60.0
     max_connections: ClassVar[int | None] = None
     retry_after_s: ClassVar[int] = 1
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._header_deadline: asyncio.TimerHandle | None = None
+        self._read_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limit = self.max_connections
@@ -58,39 +60,51 @@ class GuardedHttpProtocol(HttpToolsProtocol):  # type: ignore[misc]
             transport.write(overloaded_response(self.retry_after_s))
             transport.close()
             return
-        self._arm_header_deadline()
+        self._arm_read_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_deadline()
+        self._disarm()
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
-        self._disarm_header_deadline()
+        self._disarm()
         super().on_headers_complete()
+        if not self.pipeline:  # a queued request's body waits for the one before it
+            self._arm(self.body_timeout_s)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         # The next request's headers, if the connection stays open, get a deadline of their own.
         if not self.transport.is_closing() and not self.pipeline:
-            self._arm_header_deadline()
+            self._arm_read_deadline()
 
-    def _arm_header_deadline(self) -> None:
-        self._disarm_header_deadline()
-        self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_late)
+    def _arm_read_deadline(self) -> None:
+        self._arm(self.header_timeout_s)
 
-    def _disarm_header_deadline(self) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
+    def _arm(self, timeout_s: float) -> None:
+        self._disarm()
+        self._read_deadline = self.loop.call_later(timeout_s, self._read_late)
 
-    def _headers_late(self) -> None:
-        self._header_deadline = None
+    def _disarm(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _read_late(self) -> None:
+        self._read_deadline = None
         if not self.transport.is_closing():
             self.transport.close()
 
 
 def guarded_protocol(
-    header_timeout_s: float, max_connections: int | None, retry_after_s: int = 1
+    header_timeout_s: float,
+    max_connections: int | None,
+    retry_after_s: int = 1,
+    body_timeout_s: float = 60.0,
 ) -> type[GuardedHttpProtocol]:
     """A protocol class with these limits, for ``uvicorn.Config(http=...)``."""
     return type(
@@ -98,6 +112,7 @@ def guarded_protocol(
         (GuardedHttpProtocol,),
         {
             "header_timeout_s": header_timeout_s,
+            "body_timeout_s": body_timeout_s,
             "max_connections": max_connections,
             "retry_after_s": retry_after_s,
         },

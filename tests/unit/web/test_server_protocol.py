@@ -14,6 +14,7 @@ from typing import Any
 import uvicorn
 
 from web.cli_serve import server_config
+from web.server_protocol import guarded_protocol
 from web.settings import Settings
 
 
@@ -23,6 +24,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
+    while scope["method"] == "POST" and (await receive()).get("more_body"):
+        pass  # read the whole body first
     await send(
         {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
     )
@@ -30,12 +33,15 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def _serving(**limits: Any) -> AsyncIterator[int]:
+async def _serving(body_timeout_s: float | None = None, **limits: Any) -> AsyncIterator[int]:
     settings = Settings(host="127.0.0.1", port=0, **limits)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(server_config(_app, settings))
+    config = server_config(_app, settings)
+    if body_timeout_s is not None:
+        config.http = guarded_protocol(settings.header_timeout_s, None, 1, body_timeout_s)
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         await asyncio.sleep(0.01)
@@ -131,3 +137,30 @@ async def _connections_past_the_cap_get_503_in_the_error_shape() -> None:
         assert (await asyncio.wait_for(reader.readuntil(b"ok"), 5)).startswith(b"HTTP/1.1 200")
         await _close(writer)
         await _close(held[1][1])
+
+
+def test_a_client_trickling_its_body_is_cut_off_at_the_body_deadline() -> None:
+    asyncio.run(_a_client_trickling_its_body_is_cut_off_at_the_body_deadline())
+
+
+async def _a_client_trickling_its_body_is_cut_off_at_the_body_deadline() -> None:
+    async with _serving(body_timeout_s=1.0, header_timeout_s=5.0) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # A whole body in time is served.
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\nabcd")
+        assert (await asyncio.wait_for(reader.readuntil(b"ok"), 5)).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
+        closed = asyncio.create_task(_closed(reader))
+        sent = 0
+        while not closed.done() and sent < 20:
+            await asyncio.sleep(0.3)  # one byte every 0.3 s: 30 s for the whole body
+            if writer.is_closing():
+                break
+            writer.write(b"x")
+            sent += 1
+        await asyncio.wait_for(closed, 5)
+        elapsed = time.monotonic() - started
+        await _close(writer)
+    assert closed.result() == b""
+    assert 0.9 <= elapsed < 2.5, elapsed
