@@ -35,6 +35,7 @@ from engine.async_engine import SNAPSHOT_INTERVAL_S, EngineClient, Sink
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
 from engine.llm_engine import LLMEngine
+from engine.load_progress import progress_for
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
@@ -94,9 +95,16 @@ def _build_engine(spec: EngineSpec) -> tuple[LLMEngine, str]:
 
     if spec.torch_threads is not None:
         torch.set_num_threads(spec.torch_threads)
-    loaded = load_model(spec.model, getattr(torch, spec.dtype), spec.config.device)
-    factory = RadixPrefixCache if spec.prefix_cache else None
-    return LLMEngine(loaded, spec.config, prefix_cache_factory=factory), loaded.name
+    progress = progress_for()  # this child shares the parent's stderr: bars if a terminal
+    try:
+        loaded = load_model(spec.model, getattr(torch, spec.dtype), spec.config.device, progress)
+        factory = RadixPrefixCache if spec.prefix_cache else None
+        # The KV pool, and the timed steps that warm the kernels up for the step target.
+        progress.stage("warm up", unit="steps")
+        engine = LLMEngine(loaded, spec.config, prefix_cache_factory=factory)
+    finally:
+        progress.close()
+    return engine, loaded.name
 
 
 class _ChildLoop:

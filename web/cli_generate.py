@@ -11,6 +11,7 @@ from typing import Any
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.errors import EngineError
+from engine.load_progress import progress_for
 from engine.outputs import GenerateRequest
 from engine.sampling_params import SamplingParams
 from web.cli import EXIT_USAGE, env_default, env_flag
@@ -79,13 +80,20 @@ async def _generate(args: argparse.Namespace) -> str:
     )
     params.validate()  # fail before loading the model
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
-    loaded = load_model(args.model, dtype=dtype)
+    progress = progress_for(sys.stderr)  # stdout carries only the completion
+    try:
+        loaded = load_model(args.model, dtype=dtype, progress=progress)
+        config = EngineConfig(dtype=dtype_name(dtype), max_num_seqs=1)
+        progress.stage("warm up", unit="steps")
+        llm = LLMEngine(loaded, config)
+    finally:
+        progress.close()
     tokenizer = loaded.tokenizer
     if args.raw:
         prompt_ids = tokenizer.encode(args.prompt)
     else:
         prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-    engine = AsyncEngine(LLMEngine(loaded, EngineConfig(dtype=dtype_name(dtype), max_num_seqs=1)))
+    engine = AsyncEngine(llm)
     engine.start()
     pieces: list[str] = []
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import socket
+import sys
 from types import FrameType
 from typing import Any
 
@@ -34,6 +36,18 @@ class DrainingServer(uvicorn.Server):
         self._grace_s = grace_s
         self._drain_task: asyncio.Task[None] | None = None
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            announce(self._app.state.get("settings"), self._bound_port())
+
+    def _bound_port(self) -> int:
+        """The port listened on (the one asked for, or the one picked for port 0)."""
+        for server in self.servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return int(self.config.port)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         service = self._app.state.get("generation")
         if self._drain_task is not None or service is None:
@@ -52,6 +66,25 @@ class DrainingServer(uvicorn.Server):
         finally:
             log.info("drain_finished")
             self.should_exit = True
+
+
+def announce(settings: Settings | None, port: int) -> None:
+    """Where to send requests and where the console is: a line on a terminal, else an event."""
+    host = "127.0.0.1" if settings is None else settings.host
+    role = "all" if settings is None else settings.role
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+    api_url = f"{base}/v1"
+    console_url = None if role == "engine" else f"{base}/admin/"
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        where = f"Atrium is ready: send requests to [bold]{api_url}[/]"
+        if console_url is not None:
+            where += f", the console is at [bold]{console_url}[/]"
+        Console(file=sys.stderr, highlight=False).print(where + " (Ctrl+C stops)", soft_wrap=True)
+    else:
+        log.info("serve_ready", api_url=api_url, console_url=console_url, role=role)
 
 
 def register(subparsers: Any) -> None:

@@ -20,6 +20,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from engine.load_progress import LoadProgress, NullProgress
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFFile
 from engine.model.hf_loader import refuse_unused
@@ -135,14 +136,22 @@ def read_gguf_config(reader: GGUFFile, meta: dict[str, Any]) -> ModelConfig:
 
 
 def load_gguf_state(
-    reader: GGUFFile, config: ModelConfig, dtype: torch.dtype, device: str
+    reader: GGUFFile,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: str,
+    progress: LoadProgress | None = None,
 ) -> dict[str, torch.Tensor]:
     """Dequantize every weight, undo the Q/K permutation for llama, and fuse into our layout."""
+    progress = progress or NullProgress()
+    stored = {tensor.name: tensor.data.nbytes for tensor in reader.tensors}  # quantized bytes
+    progress.stage("read weights", total=sum(stored.values()), unit="bytes")
     hf: dict[str, torch.Tensor] = {}
     spec = config.spec
     permuted = spec.gguf_permuted_qk
     unknown: list[str] = []
     for name, raw in dequantized_tensors(reader):
+        progress.advance(stored[name])
         hf_name = hf_tensor_name(name, config.architecture)
         if hf_name is None:
             if name != _ROPE_FREQS:

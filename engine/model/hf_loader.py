@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from engine.load_progress import LoadProgress, NullProgress
 from engine.model.config import ModelConfig
 from engine.model.weights import hf_to_fused
 
@@ -48,12 +49,19 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def load_hf_state(
-    path: Path, config: ModelConfig, dtype: torch.dtype, device: str
+    path: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: str,
+    progress: LoadProgress | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read the (possibly sharded) safetensors and return our fused state dict."""
+    progress = progress or NullProgress()
+    files = _weight_files(path)
+    progress.stage("read weights", total=sum(f.stat().st_size for f in files), unit="bytes")
     with ExitStack() as stack:
         where: dict[str, Any] = {}
-        for file in _weight_files(path):
+        for file in files:
             handle = stack.enter_context(safe_open(str(file), framework="pt"))
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
                 where[name] = handle
@@ -65,6 +73,7 @@ def load_hf_state(
                 raise KeyError(f"tensor {name!r} missing from {path}")
             used.add(name)
             tensor: torch.Tensor = where[name].get_tensor(name)
+            progress.advance(tensor.nbytes)
             return tensor
 
         state = hf_to_fused(config, get, dtype, device)

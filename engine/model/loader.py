@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from engine.load_progress import LoadProgress, NullProgress
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFFile
 from engine.model.gguf_loader import load_gguf_state, open_gguf, read_gguf_config
@@ -90,15 +91,21 @@ def load_tokenizer(model: str = "default") -> tuple[Tokenizer, str]:
 
 
 def load_model(
-    model: str = "default", dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+    model: str = "default",
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    progress: LoadProgress | None = None,
 ) -> LoadedModel:
-    """Load weights, config and tokenizer; raises FileNotFoundError/ValueError on bad paths."""
+    """Load weights, config and tokenizer; raises FileNotFoundError/ValueError on bad paths.
+    ``progress`` is told each stage (it is left open: the engine's warm-up follows)."""
+    progress = progress or NullProgress()
     path, name = resolve_model(model)
     if torch.device(device).type == "cpu":
-        prebuild()  # the CPU kernels, all at once (nothing to do once they are cached)
+        # The CPU kernels, all at once (nothing to do once they are cached).
+        prebuild(progress=progress)
     config, tokenizer, reader = _read_config_and_tokenizer(path, model)
     if reader is None:
-        state = load_hf_state(path, config, dtype, device)
+        state = load_hf_state(path, config, dtype, device, progress)
     else:
-        state = load_gguf_state(reader, config, dtype, device)
+        state = load_gguf_state(reader, config, dtype, device, progress)
     return LoadedModel(_build(config, state), config, tokenizer, name, path.resolve())

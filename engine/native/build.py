@@ -19,12 +19,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import TypeVar
 
 import structlog
 import torch
+
+from engine.load_progress import LoadProgress, NullProgress
 
 log = structlog.get_logger(__name__)
 
@@ -132,17 +134,21 @@ def build_library(
     return target
 
 
-def prebuild(cache_dir: Path | None = None) -> None:
+def prebuild(cache_dir: Path | None = None, progress: LoadProgress | None = None) -> None:
     """Build every C source here at once, one compiler per core, where native kernels are on:
     a first start then waits for the slowest build instead of for all of them in turn (about a
     minute instead of two on a slow 2-core CPU). Failures are left for the loaders to log."""
     if not native_enabled() or _compiler() is None:
         return
     sources = sorted(FOLDER.glob("*.c"))
+    progress = progress or NullProgress()
+    progress.stage("compile kernels", total=len(sources), unit="kernels")
     with ThreadPoolExecutor(max_workers=max(1, min(len(sources), os.cpu_count() or 1))) as pool:
-        for future in [pool.submit(build_library, source, cache_dir) for source in sources]:
+        futures = [pool.submit(build_library, source, cache_dir) for source in sources]
+        for future in as_completed(futures):
             with contextlib.suppress(OSError, RuntimeError, subprocess.SubprocessError):
                 future.result()
+            progress.advance()
 
 
 def try_load(
