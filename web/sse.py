@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, TokenLogprob
 from web.chat_tools import ChatStreamTools
 from web.errors import ERROR_TYPES
 from web.openai_logprobs import TokenNames, chat_logprobs, completion_logprobs
@@ -118,10 +118,13 @@ async def completion_events(
     include_usage: bool,
     continuous_usage: bool = False,
     echo: Mapping[int, str] | None = None,
+    raw_logprobs: bool = False,
 ) -> AsyncIterator[bytes]:
     """Chunks of ``text_completion``: text deltas (after the prompt's text, by choice index,
     with ``echo``; with their tokens' logprobs when asked), then an empty one with each
-    choice's finish reason (with ``continuous_usage``, each with the usage so far)."""
+    choice's finish reason (with ``continuous_usage``, each with the usage so far). With
+    ``raw_logprobs`` (an engine answering its gateway), a chunk with logprobs also carries them
+    by token id as ``atrium_logprobs``: ``[[token_id, logprob, [[id, logprob], ...]], ...]``."""
     names = TokenNames(service.runtime.tokenizer)
     offsets = {choice.index: 0 for choice in job.choices}  # characters sent per choice
 
@@ -130,11 +133,15 @@ async def completion_events(
         text: str,
         finish_reason: str | None = None,
         logprobs: CompletionLogprobs | None = None,
+        raw: list[TokenLogprob] | None = None,
     ) -> bytes:
         offsets[index] += len(text)
         choice = TextChoice(index, text, finish_reason, logprobs)
         usage = usage_of(job) if continuous_usage else None
-        return frame(TextCompletion(job.request_id, job.created, model, [choice], usage))
+        payload = TextCompletion(job.request_id, job.created, model, [choice], usage)
+        if raw is None:
+            return frame(payload)
+        return frame({**msgspec.to_builtins(payload), "atrium_logprobs": raw})
 
     for index, text in (echo or {}).items():
         yield chunk(index, text)
@@ -144,7 +151,8 @@ async def completion_events(
         if out.logprobs:
             logprobs = completion_logprobs(names, out.logprobs, offsets[index])
         if out.text or logprobs is not None:
-            yield chunk(index, out.text, logprobs=logprobs)
+            raw = out.logprobs if raw_logprobs and out.logprobs else None
+            yield chunk(index, out.text, logprobs=logprobs, raw=raw)
         if out.finished:
             if out.finish_reason == "error":
                 yield error_frame(out.error or "generation failed")

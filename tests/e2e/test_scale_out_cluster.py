@@ -149,6 +149,13 @@ def test_requests_flow_through_both_gateways(cluster: Cluster) -> None:
     )  # fmt: skip
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    scored = cluster.client("alpha", 0).completions.create(
+        model=cluster.model, prompt="count with me", max_tokens=3, logprobs=2,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    logprobs = scored.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None
+    assert len(logprobs.token_logprobs) == 3 and all(lp <= 0 for lp in logprobs.token_logprobs)
     with pytest.raises(openai.BadRequestError, match="context length"):  # the engines' limit
         cluster.client("alpha", 0).completions.create(
             model=cluster.model, prompt="word " * 1200, max_tokens=5

@@ -159,3 +159,20 @@ def test_defaults_a_router_adds_are_accepted(engine: tuple[TestClient, str]) -> 
     body = {"model": model, "prompt": "hi", "max_tokens": 2, "echo": False, "n": 1,
             "stream": False, "logprobs": None, "cache_salt": "tenant-one"}  # fmt: skip
     assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+
+
+def test_a_gateway_gets_logprobs_by_token_id(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
+    client, model = engine
+    sampling = {"max_tokens": 3, "temperature": 0.0, "logprobs": 2, "ignore_eos": True}
+    body = {"model": model, "prompt": "hi there", "max_tokens": 3, "stream": True,
+            "atrium_sampling": sampling, "cache_salt": "tenant-one"}  # fmt: skip
+    answer = client.post("/v1/completions", json=body, headers=AUTH)
+    chunks = [json.loads(f.removeprefix("data: ")) for f in answer.text.split("\n\n")[:-2]]
+    raw = [entry for c in chunks for entry in c.get("atrium_logprobs") or []]
+    assert len(raw) == 3
+    for token_id, logprob, top in raw:
+        assert isinstance(token_id, int) and logprob <= 0.0
+        assert len(top) == 2 and top[0][1] >= top[1][1]
+    plain = {k: v for k, v in body.items() if k != "atrium_sampling"} | {"logprobs": 2}
+    answer = client.post("/v1/completions", json=plain, headers=AUTH)
+    assert "atrium_logprobs" not in answer.text  # only for a gateway

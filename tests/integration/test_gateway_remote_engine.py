@@ -163,3 +163,25 @@ def test_router_error_event_ends_the_stream_once(tiny_llama_dir: Path) -> None:
     assert answer.text.count('"error"') == 1
     assert "unexpected EOF" not in answer.text  # the router's words stay in the log
     assert [(r.status, r.completion_tokens) for r in records] == [("error", 1)]
+
+
+def test_logprobs_cross_by_token_id(tiny_llama_dir: Path) -> None:
+    tokenizer = Tokenizer.from_dir(tiny_llama_dir)
+    a, b = tokenizer.encode("a")[0], tokenizer.encode("b")[0]
+    first = json.loads(frame("a", 1)[6:])
+    first["atrium_logprobs"] = [[a, -0.25, [[a, -0.25], [b, -2.0]]]]
+    second = json.loads(frame("b", 2, "length")[6:])
+    second["atrium_logprobs"] = [[b, -0.5, [[b, -0.5], [a, -1.5]]]]
+    frames = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in (first, second)]
+    handler: Handler = lambda request: httpx.Response(  # noqa: E731
+        200, stream=CutStream([*frames, b"data: [DONE]\n\n"], clean=True)
+    )
+    with gateway(tiny_llama_dir, handler) as client:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 2, "logprobs": 1}
+        answer = client.post("/v1/completions", json=body, headers=AUTH)
+        sent = client.app.state.sent[0]
+    assert answer.status_code == 200, answer.text
+    logprobs = answer.json()["choices"][0]["logprobs"]
+    assert logprobs["token_logprobs"] == [-0.25, -0.5]
+    assert logprobs["tokens"] == ["a", "b"]
+    assert sent["atrium_sampling"]["logprobs"] == 1

@@ -20,7 +20,7 @@ import structlog
 
 from engine.async_engine import EngineClient, Sink
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
-from engine.outputs import GenerateRequest, RequestOutput
+from engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
 from web.engine_api.wire import sampling_to_wire
@@ -86,11 +86,14 @@ class StreamReader:
         self.error: str | None = None
         self.received = False  # whether any output reached the caller
 
-    def output(self, text: str = "", finished: bool = False) -> RequestOutput:
+    def output(
+        self, text: str = "", finished: bool = False, logprobs: list[TokenLogprob] | None = None
+    ) -> RequestOutput:
         self.received = True
         return RequestOutput(
             self.request_id,
             text=text,
+            logprobs=logprobs,
             finished=finished,
             finish_reason=(self.finish_reason or "error") if finished else None,
             num_prompt_tokens=self.prompt_tokens,
@@ -120,7 +123,21 @@ class StreamReader:
             text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
-        return self.output(text) if text else None
+        logprobs = token_logprobs(chunk.get("atrium_logprobs"))
+        return self.output(text, logprobs=logprobs) if text or logprobs else None
+
+
+def token_logprobs(raw: object) -> list[TokenLogprob] | None:
+    """The engine's ``atrium_logprobs`` (``[[id, logprob, [[id, logprob], ...]], ...]``)."""
+    if not isinstance(raw, list) or not raw:
+        return None
+    try:
+        return [
+            TokenLogprob(int(token), float(logprob), tuple((int(i), float(lp)) for i, lp in top))
+            for token, logprob, top in raw
+        ]
+    except TypeError as exc:  # a garbled stream, as a JSON error would be
+        raise ValueError(f"bad atrium_logprobs: {exc}") from exc
 
 
 class HttpEngineClient(EngineClient):
@@ -218,9 +235,6 @@ class HttpEngineClient(EngineClient):
             raise EngineDeadError("the gateway is shutting down")
         if request.request_id in self._tasks:
             raise InvalidRequestError(f"request id {request.request_id!r} is already running")
-        if getattr(request.params, "logprobs", None) is not None:
-            # The engine's answer carries text and counts, not token ids: refuse, never drop.
-            raise InvalidRequestError("logprobs are not available from a remote engine", "logprobs")
         task = asyncio.get_running_loop().create_task(self._run(request, sink))
         self._tasks[request.request_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(request.request_id, None))

@@ -85,23 +85,25 @@ async def _prompt_ids(
 async def _answer(
     service: GenerationService,
     job: Job,
-    body: schemas.ChatCompletionRequest | schemas.CompletionRequest,
+    body: wire.TenantFields,
     chat: bool,
 ) -> Response[Any]:
     outputs = service.outputs(job)
     first = await _first(outputs)
     headers = {"x-request-id": job.request_id}
     if body.stream:
-        render = sse.chat_events if chat else sse.completion_events
-        events = render(
-            service,
-            job,
-            model=body.model,
-            first=first,
-            rest=outputs,
-            include_usage=schemas.include_usage(body),
-            continuous_usage=schemas.continuous_usage(body),
-        )
+        with_usage = schemas.include_usage(body)
+        continuous = schemas.continuous_usage(body)
+        events = (
+            sse.chat_events(service, job, model=body.model, first=first, rest=outputs,
+                            include_usage=with_usage, continuous_usage=continuous)
+            if chat
+            # A gateway reads logprobs by token id (web/engine_api/client.py).
+            else sse.completion_events(service, job, model=body.model, first=first,
+                                       rest=outputs, include_usage=with_usage,
+                                       continuous_usage=continuous,
+                                       raw_logprobs=body.atrium_sampling is not None)
+        )  # fmt: skip
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **headers})
     text = await _full_text(service, job, first, outputs)
     usage = sse.usage_of(job)
