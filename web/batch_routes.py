@@ -142,6 +142,18 @@ async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
     principal = await _authenticate(request, INFERENCE)
     files, _, settings = _services(request)
     form = await _form(request, settings.batch_max_file_bytes + MAX_FORM_OVERHEAD)
+    try:
+        return await _store_upload(form, files, settings, principal.tenant_id)
+    finally:
+        for part in form.values():
+            for value in part if isinstance(part, list) else [part]:
+                if isinstance(value, UploadFile):
+                    await value.close()
+
+
+async def _store_upload(
+    form: dict[str, Any], files: FileService, settings: Settings, tenant_id: str
+) -> dict[str, Any]:
     unknown = sorted(set(form) - {"file", "purpose"})
     if unknown:
         raise ApiError(
@@ -162,9 +174,7 @@ async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
     filename = (upload.filename or "input.jsonl")[:255]
     if not filename.isprintable():
         raise bad_request("The file name must be printable.", "file")
-    info = await files.upload(
-        principal.tenant_id, filename, content, max_lines=settings.batch_max_lines
-    )
+    info = await files.upload(tenant_id, filename, content, max_lines=settings.batch_max_lines)
     return file_object(info)
 
 
