@@ -176,3 +176,14 @@ def test_a_gateway_gets_logprobs_by_token_id(engine: tuple[TestClient, str]) -> 
     plain = {k: v for k, v in body.items() if k != "atrium_sampling"} | {"logprobs": 2}
     answer = client.post("/v1/completions", json=plain, headers=AUTH)
     assert "atrium_logprobs" not in answer.text  # only for a gateway
+
+
+def test_a_gateway_grammar_crosses_in_the_sampling_settings(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
+    client, model = engine
+    grammar = {"kind": "choice", "value": json.dumps(["yes", "no"])}
+    sampling = {"max_tokens": 8, "temperature": 1.0, "seed": 3, "grammar": grammar}
+    body = {"model": model, "prompt": "Answer:", "max_tokens": 8, "atrium_sampling": sampling,
+            "cache_salt": "tenant-one"}  # fmt: skip
+    answer = client.post("/v1/completions", json=body, headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] in ("yes", "no")
