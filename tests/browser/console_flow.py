@@ -150,6 +150,7 @@ def check_billing(page: Any, root: str, folder: Path, model: str, usage: Usage) 
 
 def revoke_and_audit(page: Any, root: str, folder: Path, gateway: Gateway, key: str) -> None:
     page.goto(root + "keys")
+    page.click("tr[data-key-id] details.edit summary")
     page.click("tr[data-key-id] button.danger")
     page.wait_for_selector("td.status-revoked")
     assert gateway.complete(key) == 401

@@ -58,17 +58,19 @@ async def engine_status(request: AdminRequest) -> EngineState:
         raise ApiError(501, "This engine does not report its state.", code="not_implemented")
     if views is None:
         views = [EngineView("local", bool(getattr(running, "is_running", True)), snapshot)]
+    tenants = await (await services(request)).tenants.list_tenants(include_deleted=True)
+    names = {t.id: t.name for t in tenants}
     engines = [
         to_instance_state(
             view.url,
             view.healthy,
             view.snapshot,
             _rate(request, view.url).sample(processed_tokens(view.snapshot)),
+            names,
         )
         for view in views
     ]
-    tenants = await (await services(request)).tenants.list_tenants(include_deleted=True)
-    state = to_engine_state(snapshot, {t.id: t.name for t in tenants}, 0.0)
+    state = to_engine_state(snapshot, names, 0.0)
     state.tokens_per_s = sum(e.tokens_per_s for e in engines)
     state.engines = engines
     return state

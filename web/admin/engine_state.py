@@ -46,9 +46,15 @@ def hit_rate(snapshot: EngineSnapshot) -> float | None:
     return counters.num_cached_tokens / prompt if prompt else None
 
 
-def to_engine_state(
-    snapshot: EngineSnapshot, names: Mapping[str, str], tokens_per_s: float
-) -> EngineState:
+def draft_acceptance(snapshot: EngineSnapshot) -> float | None:
+    """Share of drafted tokens the model accepted since start (None: no drafting)."""
+    counters = snapshot.counters
+    drafted = counters.num_draft_tokens
+    return counters.num_accepted_draft_tokens / drafted if drafted else None
+
+
+def tenant_states(snapshot: EngineSnapshot, names: Mapping[str, str]) -> list[TenantEngineState]:
+    """Each tenant with requests or cached pages in ``snapshot``, by name."""
     caches = {
         namespace.removeprefix(TENANT_PREFIX): numbers
         for namespace, numbers in snapshot.cache_by_namespace.items()
@@ -69,6 +75,12 @@ def to_engine_state(
             )
         )
     tenants.sort(key=lambda t: t.tenant_name or t.tenant_id)
+    return tenants
+
+
+def to_engine_state(
+    snapshot: EngineSnapshot, names: Mapping[str, str], tokens_per_s: float
+) -> EngineState:
     return EngineState(
         tokens_per_s=tokens_per_s,
         num_running=snapshot.num_running,
@@ -76,12 +88,16 @@ def to_engine_state(
         kv_pages_total=snapshot.num_pages_total,
         kv_pages_free=snapshot.num_pages_free,
         hit_rate=hit_rate(snapshot),
-        tenants=tenants,
+        tenants=tenant_states(snapshot, names),
     )
 
 
 def to_instance_state(
-    url: str, healthy: bool, snapshot: EngineSnapshot, tokens_per_s: float
+    url: str,
+    healthy: bool,
+    snapshot: EngineSnapshot,
+    tokens_per_s: float,
+    names: Mapping[str, str] | None = None,
 ) -> EngineInstanceState:
     return EngineInstanceState(
         url=url,
@@ -91,5 +107,9 @@ def to_instance_state(
         num_waiting=snapshot.num_waiting,
         kv_pages_total=snapshot.num_pages_total,
         kv_pages_free=snapshot.num_pages_free,
+        kv_pages_cached=max(snapshot.num_pages_available - snapshot.num_pages_free, 0),
         hit_rate=hit_rate(snapshot),
+        num_preemptions=snapshot.counters.num_preemptions,
+        draft_acceptance=draft_acceptance(snapshot),
+        tenants=tenant_states(snapshot, names or {}),
     )

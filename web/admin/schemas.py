@@ -106,6 +106,10 @@ class EngineInstanceState(msgspec.Struct, kw_only=True):
     kv_pages_total: int
     kv_pages_free: int
     hit_rate: float | None
+    kv_pages_cached: int = 0  # evictable pages the prefix cache holds
+    num_preemptions: int = 0  # since the engine started
+    draft_acceptance: float | None = None  # accepted / drafted tokens; None without drafting
+    tenants: list[TenantEngineState] = msgspec.field(default_factory=list)
 
 
 class EngineState(msgspec.Struct, kw_only=True):

@@ -10,8 +10,11 @@ from litestar.static_files import create_static_files_router
 from web.console.pages import (
     audit_page,
     billing_page,
+    engines_page,
     keys_page,
+    live_page,
     overview,
+    prefixes_page,
     tenants_page,
     usage_page,
 )
@@ -24,8 +27,11 @@ console_router = Router(
     path="/admin",
     route_handlers=[
         overview,
+        live_page,
+        engines_page,
         tenants_page,
         keys_page,
+        prefixes_page,
         usage_page,
         billing_page,
         audit_page,

@@ -47,6 +47,21 @@ async def overview(request: ConsoleRequest) -> Response[Any]:
     return await page(request, "overview.html", "", "Overview")
 
 
+@get("/live")
+async def live_page(request: ConsoleRequest) -> Response[Any]:
+    return await page(request, "live.html", "live", "Live")
+
+
+@get("/engines")
+async def engines_page(request: ConsoleRequest) -> Response[Any]:
+    return await page(request, "engines.html", "engines", "Engines")
+
+
+@get("/prefixes")
+async def prefixes_page(request: ConsoleRequest) -> Response[Any]:
+    return await page(request, "prefixes.html", "prefixes", "Public prefixes")
+
+
 @get("/tenants")
 async def tenants_page(request: ConsoleRequest) -> Response[Any]:
     if await current_session(request) is None:
@@ -68,7 +83,14 @@ async def keys_page(
     selected = next((t for t in tenants if t.id == tenant_id), tenants[0] if tenants else None)
     keys = await svc.keys.list_keys(selected.id) if selected is not None else []
     return await page(
-        request, "keys.html", "keys", "Keys", tenants=tenants, selected=selected, keys=keys
+        request,
+        "keys.html",
+        "keys",
+        "Keys",
+        tenants=tenants,
+        selected=selected,
+        keys=keys,
+        now=datetime.now(UTC),
     )
 
 

@@ -18,8 +18,11 @@ ROOT = "/admin/"
 API = "/admin/v1"
 NAV = (
     ("", "Overview"),
+    ("live", "Live"),
+    ("engines", "Engines"),
     ("tenants", "Tenants"),
     ("keys", "Keys"),
+    ("prefixes", "Public prefixes"),
     ("usage", "Usage"),
     ("billing", "Billing"),
     ("audit", "Audit"),

@@ -50,6 +50,8 @@ const Atrium = (() => {
       let value = input.value.trim();
       const type = input.dataset.type;
       if (type === "number") value = value === "" ? null : Number(value);
+      else if (type === "utc") value = value === "" ? null : `${value.length === 16 ? `${value}:00` : value}Z`;
+      else if (type === "hours") value = Math.round(Number(value) * 3600);
       else if (type === "money") value = Math.round(Number(value) * 1e6);
       else if (value === "" && input.tagName === "INPUT") continue;
       const path = input.name.split(".");
@@ -80,7 +82,14 @@ const Atrium = (() => {
       const data = await api(method, form.dataset.api, method === "DELETE" ? undefined : formBody(form));
       if (form.dataset.done === "secret") {
         document.getElementById("secret-value").textContent = data.key;
+        const note = document.getElementById("secret-note");
+        if (note) {
+          note.textContent = data.replaces
+            ? `It replaces key ${data.replaces}, which works until ${data.replaces_until ?? "now"}.` : "";
+          note.hidden = !data.replaces;
+        }
         document.getElementById("secret-box").hidden = false;
+        document.getElementById("secret-box").scrollIntoView({ block: "center" });
         form.hidden = true;
         notice("");
         if (form.dataset.refresh) await refreshSection(form.dataset.refresh);

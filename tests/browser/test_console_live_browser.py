@@ -1,0 +1,304 @@
+"""The console's live charts, engines, public prefixes and key lifecycle in Chromium, against
+the admin app with a fake fleet of two engines and a registry fed by a traffic thread."""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from PIL import Image
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from engine.stats import EngineSnapshot, EngineStats
+from radix_cache.stats import NamespaceSnapshot
+from tests.browser.console_flow import shot
+from tests.browser.test_admin_console_browser import free_port, in_thread
+from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
+from web.admin.live_metrics import ITL_FAMILY, TTFT_FAMILY
+from web.engine_api.fleet import EngineView
+from web.metrics import LATENCY_BUCKETS
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+BLUE = (0x30, 0x56, 0xD3)  # the first line colour of every chart (console/live.js)
+
+
+def cache(pages: int) -> NamespaceSnapshot:
+    return NamespaceSnapshot("", pages, 0, None, 1.0, None, 10, 100, 40, 0, 0)
+
+
+class TwoEngines:
+    """Two engines behind a router: the first busy with two tenants, the second unreachable.
+    Counters grow with wall time, so tokens/s is steady."""
+
+    def __init__(self, tenant_ids: list[str]) -> None:
+        self.tenant_ids = tenant_ids
+        self.started = time.monotonic()
+        self.fleet = self
+
+    def stats(self) -> EngineSnapshot:
+        busy, idle = self.tenant_ids
+        elapsed = time.monotonic() - self.started
+        return EngineSnapshot(
+            running_by_tenant={busy: 3, idle: 1},
+            waiting_by_tenant={busy: 2},
+            num_pages_total=512,
+            num_pages_free=300,
+            num_pages_available=340,
+            page_size=16,
+            counters=EngineStats(
+                num_prefill_tokens=int(900 * elapsed),
+                num_generated_tokens=int(120 * elapsed),
+                num_preemptions=4,
+                num_draft_tokens=100,
+                num_accepted_draft_tokens=75,
+            ),
+            cache_by_namespace={f"tenant:{busy}": cache(150), f"tenant:{idle}": cache(40)},
+        )
+
+    async def poll(self) -> list[EngineView]:
+        return [
+            EngineView("http://engine-a:8000", True, self.stats()),
+            EngineView("http://engine-b:8000", False, EngineSnapshot()),
+        ]
+
+
+class Traffic:
+    """Observes first-token and inter-token latencies on its own thread until stopped."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(TTFT_FAMILY, "TTFT", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram(ITL_FAMILY, "ITL", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        while not self.stop.wait(0.05):
+            self.ttft.observe(rng.uniform(0.05, 0.4))
+            self.itl.observe(rng.uniform(0.01, 0.06))
+
+
+class Console:
+    def __init__(self, base_url: str, traffic: Traffic) -> None:
+        self.base_url = base_url
+        self.root = f"{base_url}/admin/"
+        self.traffic = traffic
+        self.api = httpx.Client(
+            base_url=f"{base_url}/admin/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[Console]:
+    url = in_thread(lambda: migrated_sqlite(tmp_path / "live.db"))
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    traffic = Traffic()
+    engines = TwoEngines(["pending", "pending"])
+    app = build_admin_app(url, engine=engines, metrics=SimpleNamespace(registry=traffic.registry))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the admin app did not start"
+        time.sleep(0.05)
+    found = Console(base_url, traffic)
+    try:
+        engines.tenant_ids = [
+            found.api.post("/tenants", json={"name": name}).json()["id"]
+            for name in ("acme", "globex")
+        ]
+        traffic.thread.start()
+        yield found
+    finally:
+        traffic.stop.set()
+        found.api.close()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def sign_in(page: Any, console: Console) -> None:
+    page.goto(console.root)
+    page.fill('input[name="token"]', ADMIN_TOKEN)
+    page.click('button[type="submit"]')
+    page.wait_for_selector("nav a.active")
+
+
+def coloured_pixels(png: bytes, colour: tuple[int, int, int] = BLUE) -> int:
+    """Pixels of a screenshot within a small distance of ``colour``."""
+    return _count(Image.open(io.BytesIO(png)), colour)
+
+
+def _count(image: Image.Image, colour: tuple[int, int, int]) -> int:
+    raw = image.convert("RGB").tobytes()
+    pixels = zip(raw[0::3], raw[1::3], raw[2::3], strict=True)
+    return sum(
+        1 for r, g, b in pixels if abs(r - colour[0]) + abs(g - colour[1]) + abs(b - colour[2]) < 60
+    )
+
+
+def plotted_pixels(page: Any, chart: str) -> int:
+    """Line-coloured pixels inside the plot area of a chart's canvas screenshot (the legend's
+    colour boxes lie outside it and do not count)."""
+    canvas = page.locator(f"#live-{chart} canvas")
+    area = page.evaluate(
+        "(c) => { const a = Chart.getChart(c).chartArea;"
+        " return [a.left, a.top, a.right, a.bottom].map(Math.round); }",
+        canvas.element_handle(),
+    )
+    image = Image.open(io.BytesIO(canvas.screenshot())).crop(tuple(area))
+    return _count(image, BLUE)
+
+
+def test_live_charts_draw_each_series_and_say_which_is_missing(
+    page: Any, console: Console, artifacts: Path
+) -> None:
+    sign_in(page, console)
+    page.goto(console.root + "live")
+    page.wait_for_function("Number(document.body.dataset.livePoints || 0) >= 2", timeout=20_000)
+    for chart in ("tokens", "ttft", "itl", "queue", "kv"):
+        panel = page.locator(f"#live-{chart}")
+        assert panel.get_attribute("data-state") == "data", chart
+        assert panel.locator(".chart-note").is_hidden(), chart
+        drawn = plotted_pixels(page, chart)
+        assert drawn > 100, f"the {chart} chart shows no line ({drawn} pixels)"
+    queue = page.evaluate(
+        "Chart.getChart(document.querySelector('#live-queue canvas')).data.datasets"
+        ".map((d) => d.label)"
+    )
+    assert queue == ["acme running", "globex running", "acme waiting"]
+    legend = page.evaluate("Chart.getChart(document.querySelector('#live-kv canvas')).data")
+    assert [d["label"] for d in legend["datasets"]] == ["acme", "globex"]  # by name, busiest first
+    assert legend["datasets"][0]["data"][-1] == 150
+    # No refusal counter in this server's registry: an empty chart that says so.
+    refusals = page.locator("#live-refusals")
+    assert refusals.get_attribute("data-state") == "missing"
+    assert "does not count refusals" in refusals.locator(".chart-note").inner_text()
+    assert plotted_pixels(page, "refusals") == 0
+    shot(page, artifacts, "01-live")
+
+    # Once the server counts refusals, the chart draws them by reason on the next poll.
+    counter = Counter(
+        "atrium_refusals", "Refused requests", ["reason"], registry=console.traffic.registry
+    )
+    stop = threading.Event()
+
+    def refuse() -> None:
+        while not stop.wait(0.1):
+            counter.labels("quota").inc()
+
+    refuser = threading.Thread(target=refuse, daemon=True)
+    refuser.start()
+    try:
+        page.wait_for_selector('#live-refusals[data-state="data"]', timeout=10_000)
+        page.wait_for_function(  # a line needs two points
+            "Chart.getChart(document.querySelector('#live-refusals canvas'))"
+            ".data.datasets[0].data.filter((v) => v > 0).length >= 2",
+            timeout=10_000,
+        )
+    finally:
+        stop.set()
+    assert refusals.locator(".chart-note").is_hidden()
+    reasons = page.evaluate(
+        "Chart.getChart(document.querySelector('#live-refusals canvas'))"
+        ".data.datasets.map((d) => d.label)"
+    )
+    assert reasons == ["quota"]
+    assert plotted_pixels(page, "refusals") > 50
+    shot(page, artifacts, "02-live-refusals")
+
+
+def test_engines_page_lists_every_engine_with_its_tenants(
+    page: Any, console: Console, artifacts: Path
+) -> None:
+    sign_in(page, console)
+    page.goto(console.root + "engines")
+    page.wait_for_selector("section.engine")
+    cards = page.locator("section.engine")
+    assert cards.count() == 2
+    assert page.inner_text("#eng-count") == "1 of 2 up."
+    up = page.locator('section.engine[data-healthy="true"]')
+    assert "http://engine-a:8000" in up.inner_text()
+    numbers = up.locator(".engine-numbers").inner_text()
+    assert "212 / 512" in numbers and "40" in numbers and "75 %" in numbers  # used, cached, drafts
+    tenants = up.locator(".engine-tenants").inner_text()
+    assert "acme" in tenants and "globex" in tenants
+    down = page.locator('section.engine[data-healthy="false"]')
+    assert "unreachable" in down.inner_text() and "No tenant" in down.inner_text()
+    png = page.screenshot(full_page=True)
+    assert coloured_pixels(png, (0x1F, 0x7A, 0x4D)) > 0  # "up" in green
+    assert coloured_pixels(png, (0xB4, 0x23, 0x18)) > 0  # "unreachable" in red
+    shot(page, artifacts, "03-engines")
+
+
+def test_public_prefixes_publish_list_and_unpublish(
+    page: Any, console: Console, artifacts: Path
+) -> None:
+    sign_in(page, console)
+    page.goto(console.root + "prefixes")
+    page.wait_for_selector("#prefixes-empty:not([hidden])")
+    text = "You are a careful assistant.\nAnswer in English."
+    page.fill("#prefix-publish textarea", text)
+    page.click('#prefix-publish button[type="submit"]')
+    row = page.wait_for_selector("#prefixes-table tr[data-prefix-id]")
+    assert row.inner_text().startswith(text)
+    assert "published" in row.inner_text()
+    [stored] = console.api.get("/public-prefixes").json()
+    assert stored["text"] == text and stored["created_by"] == "console"
+    shot(page, artifacts, "04-prefix-published")
+
+    page.click("#prefixes-table tr[data-prefix-id] button.danger")
+    page.wait_for_selector("#prefixes-empty:not([hidden])")
+    assert console.api.get("/public-prefixes").json() == []
+    page.check("#prefix-show-unpublished")
+    row = page.wait_for_selector("#prefixes-table tr[data-prefix-id]")
+    assert "unpublished" in row.inner_text() and row.query_selector("button") is None
+    page.fill("#prefix-publish textarea", "   ")
+    page.click('#prefix-publish button[type="submit"]')
+    page.wait_for_selector("#notice.error:not([hidden])")
+    shot(page, artifacts, "05-prefix-unpublished")
+
+
+def test_keys_expiry_and_rotation(page: Any, console: Console, artifacts: Path) -> None:
+    tenant = console.api.get("/tenants").json()[0]
+    issued = console.api.post(f"/tenants/{tenant['id']}/keys", json={"name": "ci"}).json()
+    sign_in(page, console)
+    page.goto(f"{console.root}keys?tenant_id={tenant['id']}")
+    row = page.locator(f'tr[data-key-id="{issued["id"]}"]')
+    assert row.locator('[data-field="expires"]').inner_text() == "never"
+    row.locator("details.edit summary").click()
+    row.locator('.key-expiry input[name="expires_at"]').fill("2031-05-06T07:08")
+    row.locator('.key-expiry button[type="submit"]').click()
+    page.wait_for_selector(f'tr[data-key-id="{issued["id"]}"] td:text("2031-05-06 07:08 UTC")')
+    assert (
+        console.api.get(f"/keys/{issued['id']}")
+        .json()["expires_at"]
+        .startswith("2031-05-06T07:08:00")
+    )
+
+    row = page.locator(f'tr[data-key-id="{issued["id"]}"]')
+    row.locator("details.edit summary").click()
+    row.locator('.key-rotate input[name="overlap_seconds"]').fill("2")
+    row.locator('.key-rotate button[type="submit"]').click()
+    page.wait_for_selector("#secret-box:not([hidden])")
+    new_key = page.inner_text("#secret-value").strip()
+    assert new_key.startswith("sk-")
+    assert issued["id"] in page.inner_text("#secret-note")
+    old = page.wait_for_selector(f'tr[data-key-id="{issued["id"]}"] td.status-retiring')
+    assert "works until" in old.inner_text()
+    rows = page.locator("#keys-table tbody tr")
+    assert rows.count() == 2 and page.locator("#keys-table td.status-active").count() == 1
+    stored = console.api.get(f"/keys/{issued['id']}").json()
+    assert stored["replaced_by"] is not None and stored["expires_at"] is not None
+    shot(page, artifacts, "06-key-rotated")
