@@ -110,7 +110,9 @@ def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             servers += engines
             wait_all(engines, "/health")
             urls = [e.base_url for e in engines]
-            router = start_router(urls, free_port(), free_port(), TOKEN, tmp)
+            # No warm-up diversions: smg would send one cache hit in eight to an idle engine.
+            calm = ("--worker-warmup-secs", "0", "--worker-warmup-divert-every", "0")
+            router = start_router(urls, free_port(), free_port(), TOKEN, tmp, extra=calm)
             servers.append(router)
             wait_workers(router, TOKEN, 2)
             gateways = []
