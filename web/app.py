@@ -126,12 +126,24 @@ def engine_numbers(snapshot: Any) -> dict[str, object]:
     total = int(getattr(snapshot, "num_pages_total", 0))
     free = int(getattr(snapshot, "num_pages_free", 0))
     available = int(getattr(snapshot, "num_pages_available", free))
+    counters = getattr(snapshot, "counters", None)
+    kv_pages: dict[str, int] = {}
+    for namespace, numbers in getattr(snapshot, "cache_by_namespace", {}).items():
+        if namespace.startswith("tenant:"):  # a tenant's own, or its adapters' ("…/lora:…")
+            tenant = namespace.removeprefix("tenant:").split("/", 1)[0]
+            kv_pages[tenant] = kv_pages.get(tenant, 0) + int(numbers.resident_pages)
     return {
         "num_waiting": getattr(snapshot, "num_waiting", 0),
         "num_running": getattr(snapshot, "num_running", 0),
         "num_pages_total": total,
         "num_pages_used": total - free,
         "num_pages_cached": available - free,
+        "num_preemptions": getattr(counters, "num_preemptions", None),
+        "num_draft_tokens": getattr(counters, "num_draft_tokens", None),
+        "num_accepted_draft_tokens": getattr(counters, "num_accepted_draft_tokens", None),
+        "waiting_by_tenant": dict(getattr(snapshot, "waiting_by_tenant", {})),
+        "running_by_tenant": dict(getattr(snapshot, "running_by_tenant", {})),
+        "kv_pages_by_tenant": kv_pages,
     }
 
 

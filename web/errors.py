@@ -173,9 +173,17 @@ def _from_litestar(exc: HTTPException) -> ApiError:
     return ApiError(status, str(exc.detail), code="internal")
 
 
+REFUSALS = (401, 403, 429, 503)  # the statuses /metrics counts as refusals
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Litestar exception handler for ``Exception``: every error leaves in OpenAI's shape."""
     error = to_api_error(exc)
     if error.status_code >= 500 and error.code == "internal":
         log.error("unhandled_exception", path=request.url.path, exc_info=exc)
+    metrics = request.app.state.get("metrics")
+    if error.status_code in REFUSALS and metrics is not None:
+        # A 429 is counted by the quota that refused it; the others by their error code.
+        reason = exc.reason if isinstance(exc, QuotaExceededError) else error.code
+        metrics.count_refusal(error.status_code, reason or "unknown")
     return error_response(error)

@@ -7,7 +7,7 @@ default the request and token metrics are totals, so /metrics names no tenant.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -69,10 +69,47 @@ class GatewayMetrics:
         self.kv_pages_used = Gauge("atrium_kv_pages_used", "KV pages in use", registry=r)
         self.kv_pages_cached = Gauge("atrium_kv_pages_cached", "KV pages in the cache", registry=r)
         self.kv_pages_total = Gauge("atrium_kv_pages_total", "KV pages in the pool", registry=r)
+        self.refusals = Counter(
+            "atrium_refusals", "Requests refused: 401, 403, 429 (by quota) and 503 (by cause)",
+            ["status", "reason"], registry=r,
+        )  # fmt: skip
+        self.engine_counters = {
+            "num_preemptions": Counter(
+                "atrium_engine_preemptions", "Running requests preempted (KV pages taken back)",
+                registry=r,
+            ),
+            "num_draft_tokens": Counter(
+                "atrium_draft_tokens", "Speculative draft tokens checked", registry=r
+            ),
+            "num_accepted_draft_tokens": Counter(
+                "atrium_draft_tokens_accepted", "Draft tokens the model agreed with", registry=r
+            ),
+        }  # fmt: skip
+        self._engine_seen: dict[str, float] = {}
+        # Per-tenant engine gauges exist only with tenant labels on (they name tenants).
+        self.tenant_gauges: dict[str, Gauge] = {}
+        if per_tenant:
+            self.tenant_gauges = {
+                "waiting_by_tenant": Gauge(
+                    "atrium_tenant_queue_depth", "Requests of the tenant waiting", ["tenant"],
+                    registry=r,
+                ),
+                "running_by_tenant": Gauge(
+                    "atrium_tenant_running_requests", "Requests of the tenant running",
+                    ["tenant"], registry=r,
+                ),
+                "kv_pages_by_tenant": Gauge(
+                    "atrium_tenant_kv_pages", "KV pages the tenant's prefixes hold in the cache",
+                    ["tenant"], registry=r,
+                ),
+            }  # fmt: skip
         self._seen: dict[str, tuple[int, int]] = {}
 
     def count_request(self, tenant: str, endpoint: str, status: str) -> None:
         child(self.requests, self.per_tenant, tenant, endpoint, status).inc()
+
+    def count_refusal(self, status: int, reason: str) -> None:
+        self.refusals.labels(str(status), reason).inc()
 
     def observe_ttft(self, tenant: str, seconds: float) -> None:
         child(self.ttft, self.per_tenant, tenant).observe(seconds)
@@ -100,8 +137,32 @@ class GatewayMetrics:
         }
         for name, gauge in gauges.items():
             value = stats.get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool):
+            if _is_number(value):
                 gauge.set(value)
+        for name, counter in self.engine_counters.items():
+            value = stats.get(name)
+            if _is_number(value):
+                # The engine's totals; one that went down is a restarted engine counting anew.
+                last = self._engine_seen.get(name, 0.0)
+                counter.inc(value - last if value >= last else value)
+                self._engine_seen[name] = float(value)
+        for name, per_tenant in self.tenant_gauges.items():
+            values = stats.get(name)
+            if not isinstance(values, Mapping):
+                continue
+            for tenant in {labels["tenant"] for labels in _label_sets(per_tenant)} - set(values):
+                per_tenant.remove(tenant)  # a tenant with nothing left is no longer shown
+            for tenant, value in values.items():
+                if _is_number(value):
+                    per_tenant.labels(str(tenant)).set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _label_sets(gauge: Gauge) -> list[dict[str, str]]:
+    return [sample.labels for metric in gauge.collect() for sample in metric.samples]

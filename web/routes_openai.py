@@ -27,6 +27,7 @@ from web.request_fields import CHAT, COMPLETION, decode_request
 from web.service_generation import GenerationService, Job
 from web.structured_output import checked_grammar
 from web.tenancy import Principal, Tenancy
+from web.tracing import incoming_context
 
 INFERENCE = "inference"  # the key scope that generation needs
 
@@ -117,7 +118,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         await chat_tools.check_fits(service, grammar, max_tokens, param)
         params = chat_tools.constrained(schemas.sampling_params(body, max_tokens), grammar)
         job = await service.admit_choices(
-            principal, "chat", _new_request_id("chatcmpl"), [(prompt_ids, params)], n
+            principal,
+            "chat",
+            _new_request_id("chatcmpl"),
+            [(prompt_ids, params)],
+            n,
+            incoming_context(request.headers),
         )
     outputs = service.outputs(job)
     first = await _first(outputs)
@@ -163,7 +169,12 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
             params = schemas.sampling_params(body, max_tokens)
             prompts.append((ids, chat_tools.constrained(params, grammar)))
         job = await service.admit_choices(
-            principal, "completion", _new_request_id("cmpl"), prompts, n
+            principal,
+            "completion",
+            _new_request_id("cmpl"),
+            prompts,
+            n,
+            incoming_context(request.headers),
         )
         echo = await echo_texts(service, job) if body.echo else None
     outputs = service.outputs(job)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from engine.errors import EngineError, InvalidRequestError, PromptTooLongError
 from engine.outputs import GenerateRequest, RequestOutput
@@ -249,6 +250,7 @@ class GenerationService:
         request_id: str,
         prompts: list[tuple[list[int], SamplingParams]],
         n: int = 1,
+        trace_parent: Context | None = None,
     ) -> Job:
         """Admit ``n`` choices of each prompt as one request: quotas see every prompt once and
         ``n`` times its max_tokens; a prompt's later choices wait for its first to compute it."""
@@ -267,6 +269,7 @@ class GenerationService:
             self.tracer,
             f"generate {endpoint}",
             {"atrium.request_id": request_id, "atrium.tenant_id": principal.tenant_id},
+            trace_parent,
         )
         first_ids, first_params = prompts[0]
         job = Job(request_id, endpoint, first_ids, first_params, ticket, spans, choices=choices)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 
 def make_tracer_provider(
@@ -25,12 +29,30 @@ def make_tracer_provider(
     return provider
 
 
-class RequestSpans:
-    """The span of one generation and its ``queue`` then ``decode`` children."""
+def incoming_context(headers: Mapping[str, str]) -> Context | None:
+    """The caller's trace from a W3C ``traceparent`` (and ``tracestate``) header, or None.
 
-    def __init__(self, tracer: trace.Tracer, name: str, attributes: dict[str, str | int]) -> None:
+    A malformed header is ignored, as the W3C spec asks: the request then starts a trace."""
+    if "traceparent" not in headers:
+        return None
+    carrier = {name: headers[name] for name in ("traceparent", "tracestate") if name in headers}
+    context = TraceContextTextMapPropagator().extract(carrier)
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+class RequestSpans:
+    """The span of one generation and its ``queue`` then ``decode`` children; the generation's
+    span is a child of ``parent`` (the caller's ``traceparent``) when there is one."""
+
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        name: str,
+        attributes: dict[str, str | int],
+        parent: Context | None = None,
+    ) -> None:
         self._tracer = tracer
-        self.root = tracer.start_span(name, attributes=attributes)
+        self.root = tracer.start_span(name, context=parent, attributes=attributes)
         self._context = trace.set_span_in_context(self.root)
         self._phase: trace.Span | None = tracer.start_span("queue", context=self._context)
 

@@ -1,0 +1,161 @@
+"""Tracing and refusal metrics at the gateway: a caller's `traceparent` parents the request's
+span; refusals are counted by status and reason; the engine's preemptions, drafts and
+per-tenant gauges reach /metrics (tenant gauges only with tenant labels on)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar
+from litestar.testing import TestClient
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from engine.stats import EngineSnapshot, EngineStats
+from radix_cache.stats import NamespaceSnapshot
+from tests.integration.gateway_fakes import (
+    KEY_A,
+    KEY_B,
+    KEY_SUSPENDED,
+    MODEL,
+    make_runtime,
+    make_tenancy,
+    settings,
+)
+from web.app import create_app, engine_numbers
+
+Client = TestClient[Litestar]
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+def _serve(
+    tiny_llama_dir: Path, exporter: InMemorySpanExporter | None = None, **overrides: object
+) -> Client:
+    runtime, _ = make_runtime(tiny_llama_dir)
+    processor = None if exporter is None else SimpleSpanProcessor(exporter)
+    app = create_app(
+        settings(**overrides),
+        engine=runtime,
+        store=make_tenancy(),
+        include_admin=False,
+        span_processor=processor,
+    )
+    return TestClient(app)
+
+
+def _chat(client: Client, key: str, **headers: str) -> Any:
+    return client.post(
+        "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}", **headers}
+    )
+
+
+def test_a_traceparent_makes_the_request_span_its_child(tiny_llama_dir: Path) -> None:
+    exporter = InMemorySpanExporter()
+    with _serve(tiny_llama_dir, exporter) as client:
+        traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
+        assert _chat(client, KEY_A, traceparent=traceparent).status_code == 200
+        assert _chat(client, KEY_A, traceparent="00-not-a-valid-header").status_code == 200
+    roots = [s for s in exporter.get_finished_spans() if s.name == "generate chat"]
+    assert len(roots) == 2
+    joined, fresh = roots
+    assert format(joined.context.trace_id, "032x") == TRACE_ID
+    assert joined.parent is not None and format(joined.parent.span_id, "016x") == PARENT_ID
+    assert joined.parent.is_remote
+    # A malformed header is ignored: that request starts its own trace.
+    assert fresh.parent is None and format(fresh.context.trace_id, "032x") != TRACE_ID
+    phases = [s for s in exporter.get_finished_spans() if s.name in ("queue", "decode")]
+    assert {s.context.trace_id for s in phases} == {r.context.trace_id for r in roots}
+
+
+def test_refusals_are_counted_by_status_and_reason(tiny_llama_dir: Path) -> None:
+    with _serve(tiny_llama_dir) as client:
+        assert _chat(client, "sk-unknown").status_code == 401
+        assert _chat(client, "sk-unknown").status_code == 401
+        assert _chat(client, KEY_SUSPENDED).status_code == 403
+        assert _chat(client, KEY_B).status_code == 429  # no concurrent request allowed
+        assert _chat(client, KEY_A).status_code == 200
+        client.app.state.generation.draining = True
+        assert _chat(client, KEY_A).status_code == 503
+        text = client.get("/metrics").text
+    assert 'atrium_refusals_total{reason="invalid_api_key",status="401"} 2.0' in text
+    assert 'atrium_refusals_total{reason="tenant_suspended",status="403"} 1.0' in text
+    assert 'atrium_refusals_total{reason="concurrency",status="429"} 1.0' in text
+    assert 'atrium_refusals_total{reason="draining",status="503"} 1.0' in text
+    assert "tenant-" not in text  # refusals never name a tenant
+
+
+def _snapshot(preemptions: int, running: dict[str, int]) -> EngineSnapshot:
+    def cached(namespace: str, pages: int) -> NamespaceSnapshot:
+        return NamespaceSnapshot(
+            namespace=namespace,
+            resident_pages=pages,
+            locked_pages=0,
+            share=None,
+            weight=1.0,
+            cap_pages=None,
+            queries=0,
+            queried_tokens=0,
+            hit_tokens=0,
+            public_hit_tokens=0,
+            evicted_pages=0,
+        )
+
+    return EngineSnapshot(
+        running_by_tenant=running,
+        waiting_by_tenant={"tenant-a": 2},
+        num_pages_total=64,
+        num_pages_free=40,
+        num_pages_available=50,
+        page_size=16,
+        counters=dataclasses.replace(
+            EngineStats(),
+            num_preemptions=preemptions,
+            num_draft_tokens=40,
+            num_accepted_draft_tokens=30,
+        ),
+        cache_by_namespace={
+            "tenant:tenant-a": cached("tenant:tenant-a", 5),
+            "tenant:tenant-a/lora:sql": cached("tenant:tenant-a/lora:sql", 3),
+            "public": cached("public", 7),
+        },
+    )
+
+
+def _with_engine(client: Client, snapshots: list[EngineSnapshot]) -> list[str]:
+    """/metrics after each snapshot in turn, as the engine would report them."""
+    texts = []
+    for snapshot in snapshots:
+        runtime = client.app.state.generation.runtime
+        client.app.state.generation.runtime = dataclasses.replace(
+            runtime, stats=lambda s=snapshot: engine_numbers(s)
+        )
+        texts.append(client.get("/metrics").text)
+    return texts
+
+
+def test_engine_counters_and_per_tenant_gauges(tiny_llama_dir: Path) -> None:
+    with _serve(tiny_llama_dir, metrics_tenant_labels=True) as client:
+        first, second = _with_engine(
+            client,
+            [_snapshot(3, {"tenant-a": 1, "tenant-b": 4}), _snapshot(5, {"tenant-a": 1})],
+        )
+    assert "atrium_engine_preemptions_total 3.0" in first
+    assert "atrium_engine_preemptions_total 5.0" in second  # the engine's total, not a sum
+    assert "atrium_draft_tokens_total 40.0" in second
+    assert "atrium_draft_tokens_accepted_total 30.0" in second
+    assert 'atrium_tenant_queue_depth{tenant="tenant-a"} 2.0' in first
+    assert 'atrium_tenant_running_requests{tenant="tenant-b"} 4.0' in first
+    assert 'atrium_tenant_kv_pages{tenant="tenant-a"} 8.0' in first  # its own and its adapter's
+    assert 'tenant="tenant-b"' not in second  # gone once it has nothing in the engine
+    assert 'tenant="public"' not in first
+
+
+def test_without_tenant_labels_no_tenant_gauge(tiny_llama_dir: Path) -> None:
+    with _serve(tiny_llama_dir) as client:
+        [text] = _with_engine(client, [_snapshot(1, {"tenant-a": 1})])
+    assert "atrium_engine_preemptions_total 1.0" in text
+    assert "atrium_tenant_" not in text and "tenant-a" not in text
