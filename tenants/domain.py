@@ -12,6 +12,7 @@ from tenants.billing import BillingService
 from tenants.database import Database
 from tenants.key_service import KeyService
 from tenants.leases import LeaseService
+from tenants.lora_adapters import LoraAdapterService
 from tenants.meter import UsageMeter
 from tenants.price_service import PriceService
 from tenants.public_prefixes import PublicPrefixService
@@ -35,6 +36,7 @@ class TenantDomain:
     meter: UsageMeter
     leases: LeaseService
     public_prefixes: PublicPrefixService
+    lora_adapters: LoraAdapterService
 
     @classmethod
     async def open(
@@ -63,6 +65,7 @@ class TenantDomain:
             meter=UsageMeter(UsageStore(db), spool_path),
             leases=LeaseService(db, clock),
             public_prefixes=PublicPrefixService(db, clock),
+            lora_adapters=LoraAdapterService(db, clock),
         )
 
     async def close(self) -> None:

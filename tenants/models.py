@@ -350,3 +350,18 @@ class BatchLineRow(Base):
     not_before: Mapped[datetime | None] = mapped_column(UtcDateTime)  # a quota said wait
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class LoraAdapterRow(Base):
+    """A LoRA adapter the server may load from ``path`` (a PEFT folder on the engine's disk),
+    usable by one tenant, or by every tenant when ``tenant_id`` is null. Its name is what
+    requests put in ``model``, unique on the server."""
+
+    __tablename__ = "lora_adapters"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    created_by: Mapped[str] = mapped_column(String(100))

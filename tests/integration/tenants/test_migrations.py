@@ -30,6 +30,7 @@ TABLES = {
     "batch_files",
     "batches",
     "batch_lines",
+    "lora_adapters",
 }
 
 
