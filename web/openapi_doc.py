@@ -14,8 +14,8 @@ import msgspec
 from litestar import Litestar
 from litestar._openapi.plugin import OpenAPIPlugin
 
+from web import batch_routes, routes_tokens
 from web import openai_schemas as schemas
-from web import routes_tokens
 from web.errors import ERROR_TYPES, ErrorBody
 
 REF = "#/components/schemas/{name}"
@@ -30,6 +30,18 @@ RAW_BODIES: Mapping[str, tuple[type[Any], type[Any] | None, type[Any] | None]] =
     "/v1/completions": (schemas.CompletionRequest, schemas.TextCompletion, schemas.TextCompletion),
     "/tokenize": (routes_tokens.TokenizeRequest, None, None),
     "/detokenize": (routes_tokens.DetokenizeRequest, None, None),
+    "/v1/batches": (batch_routes.BatchCreate, None, None),
+}
+# Routes that take a multipart form (the Batch API's uploads) and the form's parts.
+FORM_BODIES: Mapping[str, dict[str, Any]] = {
+    "/v1/files": {
+        "type": "object",
+        "properties": {
+            "file": {"type": "string", "format": "binary", "description": "JSON lines"},
+            "purpose": {"type": "string", "enum": ["batch"]},
+        },
+        "required": ["file", "purpose"],
+    },
 }
 # The errors each kind of route may answer with, all in the ``{"error": {...}}`` shape.
 TENANT_ERRORS = (400, 401, 403, 404, 413, 429, 503)
@@ -59,6 +71,10 @@ def complete(doc: dict[str, Any]) -> dict[str, Any]:
             raw = RAW_BODIES.get(path)
             if raw is not None and method == "post":
                 _describe_raw(operation, *raw)
+            form = FORM_BODIES.get(path)
+            if form is not None and method == "post":
+                content = {"multipart/form-data": {"schema": form}}
+                operation["requestBody"] = {"required": True, "content": content}
             if path in OPEN_PATHS:
                 continue
             operation.setdefault("security", [{"bearer": []}])
