@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -88,11 +87,29 @@ class Traffic:
             self.itl.observe(rng.uniform(0.01, 0.06))
 
 
+class Metrics:
+    """The gateway's latency histograms fed by the traffic thread; refusals are counted only
+    once ``count_refusals`` was called (a server without the counter until then)."""
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.registry = traffic.registry
+        self.refusals: Counter | None = None
+
+    def count_refusals(self) -> None:
+        self.refusals = Counter(
+            "atrium_refusals", "Refused requests", ["status", "reason"], registry=self.registry
+        )
+
+    def count_refusal(self, status: int, reason: str) -> None:
+        if self.refusals is not None:
+            self.refusals.labels(str(status), reason).inc()
+
+
 class Console:
-    def __init__(self, base_url: str, traffic: Traffic) -> None:
+    def __init__(self, base_url: str, metrics: Metrics) -> None:
         self.base_url = base_url
         self.root = f"{base_url}/admin/"
-        self.traffic = traffic
+        self.metrics = metrics
         self.api = httpx.Client(
             base_url=f"{base_url}/admin/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
         )
@@ -105,7 +122,8 @@ def console(tmp_path: Path) -> Iterator[Console]:
     base_url = f"http://127.0.0.1:{port}"
     traffic = Traffic()
     engines = TwoEngines(["pending", "pending"])
-    app = build_admin_app(url, engine=engines, metrics=SimpleNamespace(registry=traffic.registry))
+    metrics = Metrics(traffic)
+    app = build_admin_app(url, engine=engines, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -113,7 +131,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the admin app did not start"
         time.sleep(0.05)
-    found = Console(base_url, traffic)
+    found = Console(base_url, metrics)
     try:
         engines.tenant_ids = [
             found.api.post("/tenants", json={"name": name}).json()["id"]
@@ -189,14 +207,12 @@ def test_live_charts_draw_each_series_and_say_which_is_missing(
     shot(page, artifacts, "01-live")
 
     # Once the server counts refusals, the chart draws them by reason on the next poll.
-    counter = Counter(
-        "atrium_refusals", "Refused requests", ["reason"], registry=console.traffic.registry
-    )
+    console.metrics.count_refusals()
     stop = threading.Event()
 
     def refuse() -> None:
         while not stop.wait(0.1):
-            counter.labels("quota").inc()
+            console.metrics.count_refusal(429, "requests_per_minute")
 
     refuser = threading.Thread(target=refuse, daemon=True)
     refuser.start()
@@ -214,7 +230,7 @@ def test_live_charts_draw_each_series_and_say_which_is_missing(
         "Chart.getChart(document.querySelector('#live-refusals canvas'))"
         ".data.datasets.map((d) => d.label)"
     )
-    assert reasons == ["quota"]
+    assert reasons == ["429 requests_per_minute"]
     assert plotted_pixels(page, "refusals") > 50
     shot(page, artifacts, "02-live-refusals")
 

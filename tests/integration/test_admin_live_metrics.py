@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from litestar import Litestar
 from litestar.testing import TestClient
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.stats import EngineSnapshot, EngineStats
 from tests.integration.test_admin_app import (
@@ -18,11 +18,23 @@ from tests.integration.test_admin_app import (
     build_admin_app,
     db_url,
 )
-from web.admin.live_metrics import MIN_INTERVAL_S
-from web.metrics import GatewayMetrics
+from web.admin.live_metrics import ITL_FAMILY, MIN_INTERVAL_S, TTFT_FAMILY
+from web.metrics import LATENCY_BUCKETS
 
 __all__ = ["admin", "anon", "db_url"]  # fixtures used below
 Client = TestClient[Litestar]
+
+
+class Metrics:
+    """A gateway registry with the two latency histograms and no refusal counter."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(TTFT_FAMILY, "TTFT", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram(ITL_FAMILY, "ITL", buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def count_refusal(self, status: int, reason: str) -> None:
+        """What the error handler calls; this server does not count refusals."""
 
 
 class CountingEngine:
@@ -51,14 +63,14 @@ def two_points(client: Client) -> dict[str, object]:
 
 
 def test_live_points_from_the_engine_and_the_registry(db_url: str) -> None:
-    metrics = GatewayMetrics()
+    metrics = Metrics()
     app = build_admin_app(db_url, engine=CountingEngine(), metrics=metrics)
     with TestClient(app) as client:
         client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         tenant = client.post("/admin/v1/tenants", json={"name": "busy"}).json()
-        metrics.observe_ttft("x", 9.0)  # before the first reading: never in a point
+        metrics.ttft.observe(9.0)  # before the first reading: never in a point
         first = client.get("/admin/v1/metrics/live").json()
-        metrics.observe_ttft("x", 0.3)
+        metrics.ttft.observe(0.3)
         metrics.itl.observe(0.02)
         assert first["points"] == []  # a rate needs two readings
         assert first["missing"] == ["refusals"]  # no refusal counter in this registry
@@ -78,18 +90,20 @@ def test_live_points_from_the_engine_and_the_registry(db_url: str) -> None:
 
 
 def test_refusals_appear_once_a_refusal_counter_exists(db_url: str) -> None:
-    metrics = GatewayMetrics()
-    refused = Counter("atrium_refusals", "Refused requests", ["reason"], registry=metrics.registry)
+    metrics = Metrics()
+    refused = Counter(
+        "atrium_refusals", "Refused requests", ["status", "reason"], registry=metrics.registry
+    )
     with TestClient(build_admin_app(db_url, metrics=metrics)) as client:
         client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         client.get("/admin/v1/metrics/live")
-        refused.labels("quota").inc(2)
+        refused.labels("429", "quota").inc(2)
         time.sleep(MIN_INTERVAL_S + 0.05)
         state = client.get("/admin/v1/metrics/live").json()
         assert state["missing"] == ["engine"]  # no engine here: no tokens/s, no tenants
         [point] = state["points"]
-        assert set(point["refusals_per_min"]) == {"quota"}
-        assert 0 < point["refusals_per_min"]["quota"] <= 2 * 60 / MIN_INTERVAL_S
+        assert set(point["refusals_per_min"]) == {"429 quota"}
+        assert 0 < point["refusals_per_min"]["429 quota"] <= 2 * 60 / MIN_INTERVAL_S
         assert point["prompt_tokens_per_s"] is None and point["tenants"] == []
 
 

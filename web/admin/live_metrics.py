@@ -27,8 +27,8 @@ LATENCY_WINDOW_S = 30.0  # latency quantiles cover at least the last half minute
 HISTORY_POINTS = 300
 TTFT_FAMILY = "atrium_time_to_first_token_seconds"
 ITL_FAMILY = "atrium_inter_token_latency_seconds"
-REFUSAL_MARK = "refus"  # any counter family named like ``atrium_refusals`` (label ``reason``)
-REASON_LABELS = ("reason", "code", "status")
+REFUSAL_MARK = "refus"  # any counter family named like ``atrium_refusals``
+REASON_LABELS = ("status", "reason", "code")  # joined, in this order, as the series' name
 
 Buckets = dict[float, float]  # upper bound -> cumulative count, summed over every label set
 
@@ -111,11 +111,11 @@ def _buckets(family: Metric | None) -> Buckets | None:
 
 
 def _reason(labels: Mapping[str, str]) -> str:
-    for name in REASON_LABELS:
-        if name in labels:
-            return labels[name]
+    """``429 requests_per_minute``: the status and reason labels, else every label but the
+    tenant's."""
+    named = [labels[name] for name in REASON_LABELS if name in labels]
     rest = [value for name, value in sorted(labels.items()) if name != "tenant"]
-    return " ".join(rest) or "all"
+    return " ".join(named or rest) or "all"
 
 
 def _refusals(families: Iterable[Metric]) -> dict[str, float] | None:

@@ -7,12 +7,29 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.stats import EngineSnapshot, EngineStats
 from radix_cache.stats import NamespaceSnapshot
-from web.admin.live_metrics import LATENCY_WINDOW_S, LiveHistory, missing, quantile, read
-from web.metrics import GatewayMetrics
+from web.admin.live_metrics import (
+    ITL_FAMILY,
+    LATENCY_WINDOW_S,
+    TTFT_FAMILY,
+    LiveHistory,
+    missing,
+    quantile,
+    read,
+)
+from web.metrics import LATENCY_BUCKETS
+
+
+class Latencies:
+    """A registry with the gateway's two latency histograms and no refusal counter."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(TTFT_FAMILY, "TTFT", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram(ITL_FAMILY, "ITL", buckets=LATENCY_BUCKETS, registry=self.registry)
 
 
 def cache(pages: int) -> NamespaceSnapshot:
@@ -49,13 +66,13 @@ def test_quantile_past_the_last_bound_is_that_bound() -> None:
 
 
 def test_points_measure_tokens_per_second_and_latency_between_readings() -> None:
-    metrics = GatewayMetrics(per_tenant=True)
+    metrics = Latencies()
     history = LiveHistory()
     first = read(metrics.registry, snapshot(prefill=100, generated=10))
     history.add(first)
     assert history.since(None) == []  # one reading has no rate yet
     for seconds in (0.2, 0.2, 0.2):
-        metrics.observe_ttft("t1", seconds)
+        metrics.ttft.observe(seconds)
     metrics.itl.observe(0.04)
     second = replace(read(metrics.registry, snapshot(600, 50)), at=first.at + 2.0)
     history.add(second)
@@ -81,11 +98,11 @@ def test_polls_closer_than_a_second_share_one_point() -> None:
 
 
 def test_latency_covers_the_window_not_just_the_last_poll() -> None:
-    metrics = GatewayMetrics()
+    metrics = Latencies()
     history = LiveHistory()
     start = read(metrics.registry, None)
     history.add(start)
-    metrics.observe_ttft("t", 2.0)
+    metrics.ttft.observe(2.0)
     history.add(replace(read(metrics.registry, None), at=start.at + 2))
     history.add(replace(read(metrics.registry, None), at=start.at + 4))  # nothing new since
     latest = history.since(None)[-1]
@@ -123,3 +140,14 @@ def test_a_restarted_engine_counter_gives_no_rate() -> None:
     [point] = history.since(None)
     assert point.prompt_tokens_per_s is None and point.generated_tokens_per_s is None
     assert point.at <= datetime.now(UTC)
+
+
+def test_refusals_are_named_by_status_and_reason() -> None:
+    registry = CollectorRegistry()
+    refusals = Counter("atrium_refusals", "Refused", ["status", "reason"], registry=registry)
+    refusals.labels("429", "requests_per_minute").inc()
+    refusals.labels("401", "invalid_api_key").inc(2)
+    assert read(registry, None).refusals == {
+        "429 requests_per_minute": 1.0,
+        "401 invalid_api_key": 2.0,
+    }
