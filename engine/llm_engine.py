@@ -27,7 +27,7 @@ from engine.lora.adapter import LoraAdapter
 from engine.lora.manager import LoraManager
 from engine.model.loader import LoadedModel
 from engine.model_runner import ModelRunner
-from engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
+from engine.outputs import GenerateRequest, RequestOutput, StepTrace, TokenLogprob
 from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
@@ -129,6 +129,7 @@ class LLMEngine:
         self._held: dict[str, list[Request]] = {}
         self._held_by: dict[str, str] = {}  # held request id -> the sibling it waits for
         self._num_arrivals = 0
+        self._traced = False  # a traced request came: steps are noted from now on
         log.info(
             "engine_ready",
             model=loaded.name,
@@ -238,7 +239,9 @@ class LLMEngine:
             generator=generator,
             publish=request.publish,
             lora=adapter,
+            steps=[] if request.trace_steps else None,
         )
+        self._traced = self._traced or request.trace_steps
         self._apply_share(state, request.kv_cache_share)
         state.detokenizer = IncrementalDetokenizer(
             self.tokenizer, params, request.prompt_token_ids, self.eos_token_ids
@@ -357,6 +360,7 @@ class LLMEngine:
         if self._held:
             self._release_held()
         stats = self.stats
+        start_ns = time.time_ns() if self._traced else 0
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
@@ -390,6 +394,8 @@ class LLMEngine:
         stats.sample_s += t4 - t3
         new_tokens, rejected = self._verify(sampled, token_ids)
         self._count_tokens(out, seqs, rejected)
+        if self._traced:
+            self._trace_steps(out, seqs, rejected, start_ns)
         self.scheduler.postprocess(out, rejected)
         row = 0
         for seq, tokens in zip(sampled, new_tokens, strict=True):
@@ -491,6 +497,33 @@ class LLMEngine:
             ):
                 self.stats.num_cached_tokens += request.num_cached_tokens
 
+    def _trace_steps(
+        self,
+        out: SchedulerOutput,
+        seqs: list[ScheduledSeq],
+        rejected: dict[Request, int],
+        start_ns: int,
+    ) -> None:
+        """Note this step on each traced request in it (reported with its next output)."""
+        end_ns = time.time_ns()
+        for seq in seqs:
+            request = seq.request
+            if request.steps is None:
+                continue
+            decode = bool(seq.draft) or (
+                seq.num_new_tokens == 1 and request.num_output_tokens > 0 and seq.sample
+            )
+            request.steps.append(
+                StepTrace(
+                    "decode" if decode else "prefill",
+                    start_ns,
+                    end_ns,
+                    seq.num_new_tokens - rejected.get(request, 0),
+                    len(seqs),
+                    out.num_batched_tokens,
+                )
+            )
+
     def _append_tokens(
         self, request: Request, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
     ) -> RequestOutput:
@@ -566,6 +599,9 @@ class LLMEngine:
     def _output(
         self, request: Request, token_ids: list[int], text: str, reason: str | None
     ) -> RequestOutput:
+        steps = request.steps
+        if steps:
+            request.steps = []
         return RequestOutput(
             request_id=request.request_id,
             token_ids=token_ids,
@@ -576,6 +612,7 @@ class LLMEngine:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             num_output_tokens=request.num_output_tokens,
             num_published_tokens=request.num_published_tokens,
+            steps=steps or None,
         )
 
     # -- introspection ---------------------------------------------------------------------------

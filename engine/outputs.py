@@ -31,6 +31,19 @@ class GenerateRequest:
     # lives in a cache namespace of its own within the tenant's.
     lora_name: str | None = None
     lora_path: str | None = None
+    # Record the engine steps this request is in (``RequestOutput.steps``): only when traced.
+    trace_steps: bool = False
+
+
+class StepTrace(NamedTuple):
+    """One engine step a traced request was in: a prefill chunk of it, or one of its decodes."""
+
+    kind: str  # "prefill" | "decode"
+    start_ns: int  # wall clock (epoch nanoseconds), as spans take it
+    end_ns: int
+    num_tokens: int  # this request's tokens in the step (a decode's accepted draft included)
+    batch_size: int  # sequences in the step
+    batch_tokens: int  # tokens in the step
 
 
 class TokenLogprob(NamedTuple):
@@ -67,3 +80,5 @@ class RequestOutput:
     # With ``publish``: prompt tokens kept as a public prefix; with ``unpublish``: released.
     num_published_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per new token when the request asked
+    # The steps since the previous output (prefill chunks included), for traced requests.
+    steps: list[StepTrace] | None = None

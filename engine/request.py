@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from engine.detokenizer import IncrementalDetokenizer
     from engine.logits_processing import TokenHistory
     from engine.lora.adapter import LoraAdapter
+    from engine.outputs import StepTrace
     from engine.speculative import DraftState
     from engine.structured.state import GrammarState
 
@@ -62,6 +63,7 @@ class Request:
     history: TokenHistory | None = None  # penalties, bias, min_tokens (engine/logits_processing)
     lora: LoraAdapter | None = None  # its adapter (engine/lora/), if any
     lora_slot: int = -1  # the resident slot its adapter holds while it runs; -1: none
+    steps: list[StepTrace] | None = None  # traced steps not yet reported; None: not traced
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
