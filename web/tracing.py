@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -10,6 +10,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from engine.outputs import StepTrace
 
 
 def make_tracer_provider(
@@ -61,6 +63,21 @@ class RequestSpans:
         if self._phase is not None:
             self._phase.end()
         self._phase = self._tracer.start_span("decode", context=self._context)
+
+    def steps(self, steps: Iterable[StepTrace]) -> None:
+        """A span per engine step the request was in, timed by the engine, under the request's."""
+        for step in steps:
+            span = self._tracer.start_span(
+                f"engine {step.kind}",
+                context=self._context,
+                start_time=step.start_ns,
+                attributes={
+                    "atrium.step.tokens": step.num_tokens,
+                    "atrium.step.batch_size": step.batch_size,
+                    "atrium.step.batch_tokens": step.batch_tokens,
+                },
+            )
+            span.end(end_time=step.end_ns)
 
     def finish(self, status: str, attributes: dict[str, int]) -> None:
         if self._phase is not None:
