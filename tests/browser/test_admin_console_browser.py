@@ -217,3 +217,26 @@ def test_console_with_a_served_model(
     page: Any, served_gateway: ServedGateway, artifacts: Path
 ) -> None:
     walk_the_console(page, served_gateway, artifacts)
+    watch_a_completion_live(page, served_gateway, artifacts)
+
+
+def watch_a_completion_live(page: Any, gateway: ServedGateway, folder: Path) -> None:
+    """The live page of a real server: a completion made while it is open shows as tokens/s,
+    time to first token and inter-token latency."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    api = f"{gateway.base_url}/admin/v1"
+    tenant = httpx.post(f"{api}/tenants", json={"name": "live"}, headers=admin).json()
+    key = httpx.post(f"{api}/tenants/{tenant['id']}/keys", json={}, headers=admin).json()["key"]
+    page.goto(f"{gateway.base_url}/admin/")  # the walk signed out
+    page.fill('input[name="token"]', ADMIN_TOKEN)
+    page.click('button[type="submit"]')
+    page.wait_for_selector("nav a.active")
+    page.goto(f"{gateway.base_url}/admin/live")
+    page.wait_for_selector("#live-tokens[data-state]")
+    assert page.get_attribute("#live-ttft", "data-state") != "missing"
+    assert isinstance(gateway.complete(key), Usage)
+    for chart in ("tokens", "ttft", "itl"):
+        page.wait_for_selector(f'#live-{chart}[data-state="data"]', timeout=15_000)
+    points = int(page.get_attribute("body", "data-live-points"))
+    page.wait_for_function(f"Number(document.body.dataset.livePoints) > {points}")
+    page.screenshot(path=str(folder / "10-live.png"), full_page=True)

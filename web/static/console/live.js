@@ -33,10 +33,17 @@
   const label = (p) => new Date(p.at).toLocaleTimeString([], { hour12: false });
   const ms = (s) => (s === null || s === undefined ? null : s * 1000);
 
+  // A value with no neighbour draws no line segment: it gets a dot instead.
+  function isolated(ctx) {
+    const d = ctx.dataset.data;
+    const i = ctx.dataIndex;
+    return d[i] !== null && d[i] !== undefined && d[i - 1] == null && d[i + 1] == null;
+  }
+
   function line(name, data, i, extra = {}) {
     const color = palette[i % palette.length];
     return { label: name, data, borderColor: color, backgroundColor: color, borderWidth: 2,
-      pointRadius: 0, spanGaps: false, tension: 0.2, ...extra };
+      pointRadius: (ctx) => (isolated(ctx) ? 3 : 0), spanGaps: false, tension: 0.2, ...extra };
   }
 
   // The busiest tenants over the points (by a per-point value), then the rest as one line.
