@@ -50,6 +50,9 @@ class BatchRunner:
         self.tenancy = tenancy
         self.running: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        drop = getattr(state.get("engine"), "drop_tenant", None)
+        if callable(drop):  # a suspended or deleted tenant's batch pages go with its own
+            tenancy.on_tenant_gone.append(lambda tenant_id: drop(f"{tenant_id}/batch"))
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="batch-runner")

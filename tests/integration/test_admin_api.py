@@ -138,6 +138,11 @@ def test_prices_are_set_and_listed(admin: Client) -> None:
     assert_error(admin.put("/admin/v1/prices/tiny", json=price | {"currency": "euro"}), 400)
     assert_error(admin.put("/admin/v1/prices/tiny", json=price | {"input_per_million": -1}), 400)
     assert_error(admin.put("/admin/v1/prices/tiny", json={"input_per_million": 1}), 400)
+    assert listed[0]["batch_discount_percent"] == 0
+    discounted = admin.put("/admin/v1/prices/tiny", json=price | {"batch_discount_percent": 50})
+    assert discounted.json()["batch_discount_percent"] == 50
+    too_much = price | {"batch_discount_percent": 101}
+    assert_error(admin.put("/admin/v1/prices/tiny", json=too_much), 400)
 
 
 def test_usage_buckets_by_hour_and_day(admin: Client, db_url: str) -> None:

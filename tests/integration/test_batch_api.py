@@ -5,15 +5,17 @@ requests, cancellation, a restart mid-batch, and quotas (retried) versus the bud
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from sqlalchemy import update
 
 from tenants import Database, TenantDomain
 from tenants.billing_render import cost_numerator, round_micros
+from tenants.models import BatchRow
 from tenants.records import PriceSet
 from tests.integration.batch_gateway import (
     FAST,
@@ -298,3 +300,38 @@ def test_bad_uploads_and_batches_are_refused_with_4xx(
         ).id, finished)  # fmt: skip
         assert failed.status == "failed" and failed.errors is not None
         assert failed.errors.data[0].code == "model_not_found" and failed.errors.data[0].line == 1
+
+
+async def _expire_now(url: str, batch_id: str) -> None:
+    db = await Database.connect(url)
+    try:
+        async with db.transaction() as session:
+            await session.execute(
+                update(BatchRow)
+                .where(BatchRow.id == batch_id)
+                .values(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+            )
+    finally:
+        await db.close()
+
+
+def test_a_batch_past_its_window_expires_with_unrun_lines_in_the_error_file(
+    tiny_llama_dir: Path, sqlite_url: str, tmp_path: Path
+) -> None:
+    _, key = run(seed(sqlite_url, tmp_path / "seed.spool"))
+    runtime, _, config = _scripted(
+        sqlite_url, tmp_path, 0.02, model_dir=tiny_llama_dir, batch_max_concurrency=1
+    )
+    with gateway(config, runtime) as http:
+        api = client(http, key)
+        batch = submit(api, [chat_line(f"e{n}", MODEL, max_tokens=5) for n in range(20)])
+        wait_for(api, batch.id, lambda b: b.request_counts.completed >= 1)
+        run(_expire_now(sqlite_url, batch.id))
+        done = wait_for(api, batch.id, finished)
+        assert done.status == "expired" and done.expired_at
+        counts = done.request_counts
+        assert counts.completed >= 1 and counts.completed + counts.failed == 20
+        assert len(file_lines(api, done.output_file_id)) == counts.completed
+        errors = file_lines(api, done.error_file_id)
+        assert len(errors) == counts.failed
+        assert all(e["response"] is None and e["error"]["code"] == "batch_expired" for e in errors)

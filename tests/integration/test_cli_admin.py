@@ -169,8 +169,10 @@ def test_prices_usage_and_billing_export(cli: Cli, url: str, tmp_path: Path) -> 
     price = cli.json(
         "prices", "set", "tiny", "--input-price", "1000000", "--cached-input-price", "0",
         "--output-price", "2000000", "--effective-from", "2031-01-01T00:00:00Z",
+        "--batch-discount", "50",
     )  # fmt: skip
     assert price["model"] == "tiny" and price["currency"] == "USD"
+    assert price["batch_discount_percent"] == 50
     assert [p["model"] for p in cli.json("prices", "list")] == ["tiny"]
     at = datetime(2031, 3, 4, 9, tzinfo=UTC)
     event = UsageEvent(
