@@ -231,7 +231,7 @@ class AdmissionService:
                 limit_tokens=tpm,
                 remaining_tokens=None if tpm is None else tokens.remaining,
             )
-        await self._reserve_budget(session, bucket.tenant_id, period, need, quotas)
+        budget_left = await self._reserve_budget(session, bucket.tenant_id, period, need, quotas)
         bucket.requests_drawn, bucket.tokens_drawn = requests.drawn, tokens.drawn
         bucket.refilled_at = now_s
         bucket.in_flight += 1
@@ -250,11 +250,14 @@ class AdmissionService:
             remaining_requests=remaining_requests,
             limit_tokens=tpm,
             remaining_tokens=None if tpm is None else tokens.remaining,
+            remaining_budget=budget_left,
         )
 
     async def _reserve_budget(
         self, session: AsyncSession, tenant_id: str, period: str, need: int, quotas: Quotas
-    ) -> None:
+    ) -> int | None:
+        """Reserve ``need`` tokens of the month's budget; returns what is left of it after this
+        reservation (None without a budget), or raises QuotaExceededError."""
         budget = quotas.monthly_token_budget
         stmt = (
             update(TokenBudget)
@@ -263,18 +266,19 @@ class AdmissionService:
         )
         if budget is not None:
             stmt = stmt.where(TokenBudget.used + TokenBudget.reserved + need <= budget)
-        if (await session.execute(stmt)).rowcount == 1:  # type: ignore[attr-defined]
-            return
-        # No row for this month yet (or no room): make sure the row exists and try once more.
-        row = {"tenant_id": tenant_id, "period": period, "used": 0, "reserved": 0}
-        await session.execute(insert_ignore(self._db, TokenBudget, [row]))
-        if (await session.execute(stmt)).rowcount == 1:  # type: ignore[attr-defined]
-            return
-        spent = await session.scalar(
-            select(TokenBudget.used + TokenBudget.reserved).where(
-                TokenBudget.tenant_id == tenant_id, TokenBudget.period == period
-            )
+        spent_now = select(TokenBudget.used + TokenBudget.reserved).where(
+            TokenBudget.tenant_id == tenant_id, TokenBudget.period == period
         )
+        reserved = (await session.execute(stmt)).rowcount == 1  # type: ignore[attr-defined]
+        if not reserved:
+            # No row for this month yet (or no room): make sure the row exists, try once more.
+            row = {"tenant_id": tenant_id, "period": period, "used": 0, "reserved": 0}
+            await session.execute(insert_ignore(self._db, TokenBudget, [row]))
+            reserved = (await session.execute(stmt)).rowcount == 1  # type: ignore[attr-defined]
+        if reserved:
+            # What is left is what degraded admission may spend while the database is away.
+            return None if budget is None else budget - int(await session.scalar(spent_now) or 0)
+        spent = await session.scalar(spent_now)
         now = self._clock()
         raise QuotaExceededError(
             "monthly token budget exhausted",

@@ -178,6 +178,9 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     remaining_requests: int | None = None
     limit_tokens: int | None = None
     remaining_tokens: int | None = None
+    # The month's budget left after this reservation (None: no budget): the most a gateway
+    # lets this tenant spend on its own while the database is unreachable.
+    remaining_budget: int | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

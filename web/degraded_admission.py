@@ -1,7 +1,9 @@
 """Admission while the tenant database is unreachable: in-process limits from last-known quotas.
 
-The monthly budget cannot be reserved without the database; instead the usage event of such a
-request carries ``charge_budget``, so storing it (when the spool replays) charges it once.
+The monthly budget cannot be reserved without the database: a tenant with a budget spends at
+most what was left of it at its last admission through the database (refused when this process
+never saw one), and the usage event of such a request carries ``charge_budget``, so storing it
+(when the spool replays) charges it once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from web.metrics import child
 
 log = structlog.get_logger("atrium.web")
 CONCURRENCY_RETRY_S = 1.0
+BUDGET_RETRY_S = 30.0  # a guess at an outage's length: the database decides once it is back
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +59,16 @@ class LocalAdmission:
         self._monotonic = monotonic
         self._tenants: dict[str, _Buckets] = {}
         self._held: dict[str, LocalTicket] = {}
+        self._budget_left: dict[str, int] = {}  # tenant -> budget left, as last known
         self._logged_outage = 0
+
+    def note_budget(self, tenant_id: str, remaining: int | None) -> None:
+        """The database just admitted a request of ``tenant_id`` leaving ``remaining`` tokens of
+        its month's budget (None: no budget)."""
+        if remaining is None:
+            self._budget_left.pop(tenant_id, None)
+        else:
+            self._budget_left[tenant_id] = max(0, remaining)
 
     def admit(
         self,
@@ -79,10 +91,21 @@ class LocalAdmission:
             )
         if request_id in self._held:
             raise DuplicateRequestError(f"request {request_id!r} is already admitted")
+        need = prompt_tokens + max_tokens
+        budget_left = self._budget_left.get(ctx.tenant_id)
+        if quotas.monthly_token_budget is not None and (budget_left is None or need > budget_left):
+            # Unsure or not enough: refuse rather than overspend a budget nobody can check.
+            raise QuotaExceededError(
+                "monthly token budget: not enough is known to be left while the tenant "
+                "database is unreachable",
+                reason="monthly_token_budget",
+                retry_after_s=BUDGET_RETRY_S,
+                limit_tokens=quotas.monthly_token_budget,
+                remaining_tokens=budget_left or 0,
+            )
         buckets = self._tenants.setdefault(ctx.tenant_id, _Buckets(refilled_at=self._monotonic()))
         now = self._monotonic()
         rpm, tpm = quotas.requests_per_minute, quotas.tokens_per_minute
-        need = prompt_tokens + max_tokens
         elapsed = now - buckets.refilled_at
         requests = try_draw(drain(buckets.requests_drawn, rpm, elapsed), rpm, 1)
         tokens = try_draw(drain(buckets.tokens_drawn, tpm, elapsed), tpm, need)
@@ -108,6 +131,8 @@ class LocalAdmission:
         buckets.requests_drawn, buckets.tokens_drawn = requests.drawn, tokens.drawn
         buckets.refilled_at = now
         buckets.in_flight += 1
+        if budget_left is not None and quotas.monthly_token_budget is not None:
+            self._budget_left[ctx.tenant_id] = budget_left - need
         ticket = LocalTicket(
             request_id=request_id,
             tenant_id=ctx.tenant_id,
@@ -135,7 +160,12 @@ class LocalAdmission:
         buckets.in_flight = max(0, buckets.in_flight - 1)
         refund = max(0, ticket.reserved_tokens - used_tokens)
         buckets.tokens_drawn = max(0.0, buckets.tokens_drawn - refund)
+        if ticket.tenant_id in self._budget_left:
+            self._budget_left[ticket.tenant_id] += refund
         return True
+
+    def budget_left(self, tenant_id: str) -> int | None:
+        return self._budget_left.get(tenant_id)
 
     def in_flight(self, tenant_id: str) -> int:
         buckets = self._tenants.get(tenant_id)

@@ -134,6 +134,7 @@ class SqlTenancy:
                 self._degrade_or_raise(error)
                 ambiguous = True
             else:
+                self.local.note_budget(ctx.tenant_id, admission.remaining_budget)
                 return Ticket(request_id, principal, _headers(admission), admission)
         local = self.local.admit(
             ctx,

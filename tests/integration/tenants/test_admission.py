@@ -150,3 +150,26 @@ def test_a_burst_of_admissions_and_settlements_is_exact(open_domain) -> None:
             assert (over.value.reason, over.value.remaining_tokens) == ("monthly_token_budget", 0)
 
     asyncio.run(body())
+
+
+def test_an_admission_says_how_much_of_the_budget_is_left_after_it(open_domain) -> None:
+    """What degraded admission may spend while the database is away (web/degraded_admission)."""
+
+    async def body() -> None:
+        async with open_domain() as domain:
+            ctx = await _tenant(domain, monthly_token_budget=1000)
+            first = await domain.admission.admit(ctx, "a", 100, 200)
+            assert first.remaining_budget == 700
+            await domain.admission.settle(first, Usage(prompt_tokens=100, completion_tokens=50))
+            second = await domain.admission.admit(ctx, "b", 100, 100)
+            assert second.remaining_budget == 1000 - 150 - 200
+            unlimited = await _tenant_named(domain, "free")
+            assert (await domain.admission.admit(unlimited, "c", 10, 10)).remaining_budget is None
+
+    asyncio.run(body())
+
+
+async def _tenant_named(domain, name):
+    tenant = await domain.tenants.create(TenantCreate(name=name))
+    _, secret = await domain.keys.create_key(tenant.id)
+    return await domain.keys.authenticate(secret)

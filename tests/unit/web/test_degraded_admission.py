@@ -117,3 +117,31 @@ def test_unlimited_quotas_admit_and_report_no_limits() -> None:
         None,
         None,
     )
+
+
+def test_a_budget_never_seen_through_the_database_is_refused_rather_than_overspent() -> None:
+    admission, _, _ = local()
+    with pytest.raises(QuotaExceededError) as refused:
+        admission.admit(ctx(monthly_token_budget=300), "r1", 10, 10, outage=1)
+    assert refused.value.reason == "monthly_token_budget"
+    assert admission.in_flight("tn_a") == 0
+    # A tenant without a budget is not held back by this.
+    admission.admit(ctx("tn_b"), "b1", 10, 10, outage=1)
+
+
+def test_the_last_known_budget_bounds_what_an_outage_may_spend() -> None:
+    """The finding: a 300-token budget spent 415 while degraded. Now at most what was left."""
+    admission, _, _ = local()
+    tenant = ctx(monthly_token_budget=300)
+    admission.note_budget("tn_a", 120)  # the database's last admission left 120
+    first = admission.admit(tenant, "r1", 40, 60, outage=1)  # 100 reserved: 20 left
+    with pytest.raises(QuotaExceededError) as refused:
+        admission.admit(tenant, "r2", 10, 20, outage=1)
+    assert refused.value.reason == "monthly_token_budget"
+    assert refused.value.remaining_tokens == 20
+    admission.release(first, 70)  # used 70 of the 100: 30 come back, 50 left
+    assert admission.budget_left("tn_a") == 50
+    admission.admit(tenant, "r2", 10, 20, outage=1)
+    assert admission.budget_left("tn_a") == 20
+    admission.note_budget("tn_a", None)  # the budget was lifted
+    assert admission.budget_left("tn_a") is None
