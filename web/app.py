@@ -70,6 +70,8 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         speculative_tokens=settings.speculative_tokens,
         speculative_max_batch=settings.speculative_max_batch,
         target_tpot_ms=settings.engine_target_tpot_ms,
+        max_loras=settings.max_loras,
+        max_lora_rank=settings.max_lora_rank,
         dtype=settings.resolved_dtype,
         device=device,
     )
@@ -201,9 +203,14 @@ def create_app(
                 default_max_tokens_cap=settings.default_max_tokens_cap,
                 retry_after_s=settings.retry_after_s,
                 admission_concurrency=admission_concurrency(settings.database_url),
+                trace_steps=bool(settings.otlp_endpoint) or span_processor is not None,
             )
             app.state.tenancy = tenancy
             app.state.generation = service
+            domain = getattr(app.state, "tenant_domain", None)
+            if domain is not None and settings.role == "all" and settings.max_loras > 0:
+                # Adapters load in this server's own engine (the engine role takes none).
+                service.adapters = domain.lora_adapters
             delivery = await start_prefix_delivery(app.state, runtime)
             if delivery is not None:
                 closers.append(delivery.stop)

@@ -211,6 +211,7 @@ class ModelCard(msgspec.Struct):
     created: int
     owned_by: str = "atrium"
     object: Literal["model"] = "model"
+    parent: str | None = None  # a LoRA adapter's base model (as vLLM lists adapters)
 
 
 class ModelList(msgspec.Struct):

@@ -94,7 +94,16 @@ async def list_models(request: Request[Any, Any, Any]) -> schemas.ModelList:
     principal = await _authenticate(request)
     runtime = _service(request).runtime
     visible = principal.allows_model(runtime.name, *runtime.aliases)
-    return schemas.ModelList([schemas.ModelCard(id=runtime.name, created=0)] if visible else [])
+    cards = [schemas.ModelCard(id=runtime.name, created=0)] if visible else []
+    adapters = _service(request).adapters
+    if adapters is not None:  # the tenant's own adapters and those shared with every tenant
+        for adapter in await adapters.list_adapters(principal.tenant_id):
+            if principal.allows_model(adapter.name):
+                created = int(adapter.created_at.timestamp())
+                cards.append(
+                    schemas.ModelCard(id=adapter.name, created=created, parent=runtime.name)
+                )
+    return schemas.ModelList(cards)
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -103,7 +112,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     with service.arriving():
         principal = await _authenticate(request, INFERENCE)
         body = decode_request(await request.body(), schemas.ChatCompletionRequest, CHAT)
-        service.check_model(body.model, principal)
+        adapter = await service.resolve_model(body.model, principal)
         n = schemas.check_n(body.n)
         messages = schemas.chat_messages(body)
         plan, grammar = await chat_tools.chat_plan(body)
@@ -124,6 +133,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             [(prompt_ids, params)],
             n,
             incoming_context(request.headers),
+            adapter,
         )
     outputs = service.outputs(job)
     first = await _first(outputs)
@@ -158,7 +168,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     with service.arriving():
         principal = await _authenticate(request, INFERENCE)
         body = decode_request(await request.body(), schemas.CompletionRequest, COMPLETION)
-        service.check_model(body.model, principal)
+        adapter = await service.resolve_model(body.model, principal)
         n = check_completion_options(body)
         grammar = await checked_grammar(body)
         service.check_open()
@@ -175,6 +185,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
             prompts,
             n,
             incoming_context(request.headers),
+            adapter,
         )
         echo = await echo_texts(service, job) if body.echo else None
     outputs = service.outputs(job)

@@ -22,6 +22,7 @@ from opentelemetry.context import Context
 from engine.errors import EngineError, InvalidRequestError, PromptTooLongError
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
+from tenants.lora_adapters import LoraAdapterInfo, LoraAdapterService
 from web.errors import ApiError, unavailable
 from web.fair_gate import FairGate
 from web.metrics import GatewayMetrics
@@ -109,6 +110,7 @@ class Job:
     finish_reason: str | None = None
     usage_task: asyncio.Task[None] | None = None
     choices: list[Choice] = field(default_factory=list)
+    adapter: LoraAdapterInfo | None = None  # the LoRA adapter named in ``model``, if any
     _by_id: dict[str, Choice] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -141,8 +143,11 @@ class GenerationService:
         default_max_tokens_cap: int = 1024,
         retry_after_s: float = 1.0,
         admission_concurrency: int = 1,
+        trace_steps: bool = False,
     ) -> None:
         self.runtime = runtime
+        # Spans are exported: ask the engine for a span per prefill chunk and decode step.
+        self.trace_steps = trace_steps
         self.tenancy = tenancy
         self.metrics = metrics
         self.tracer = tracer
@@ -155,6 +160,9 @@ class GenerationService:
         self.active: dict[str, Job] = {}
         # Shortest answers under grammars (web/structured_output.py), built on first use.
         self.grammar_limits: GrammarLimits | None = None
+        # The LoRA adapters tenants may name in ``model`` (tenants/lora_adapters.py); None where
+        # no database backs the server (then only the base model is served).
+        self.adapters: LoraAdapterService | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @contextlib.contextmanager
@@ -179,6 +187,17 @@ class GenerationService:
                 code="model_not_found",
                 param="model",
             )
+
+    async def resolve_model(self, model: str, principal: Principal) -> LoraAdapterInfo | None:
+        """The LoRA adapter ``model`` names for this tenant, or None for the base model; 404 for
+        anything else, another tenant's adapter included (its existence is not revealed)."""
+        if self.runtime.serves(model) or self.adapters is None:
+            self.check_model(model, principal)
+            return None
+        adapter = await self.adapters.usable(principal.tenant_id, model)
+        if adapter is None or not principal.allows_model(model):
+            self.check_model(model, principal)  # raises: this server does not serve ``model``
+        return adapter
 
     def check_open(self) -> None:
         if self.draining:
@@ -251,6 +270,7 @@ class GenerationService:
         prompts: list[tuple[list[int], SamplingParams]],
         n: int = 1,
         trace_parent: Context | None = None,
+        adapter: LoraAdapterInfo | None = None,
     ) -> Job:
         """Admit ``n`` choices of each prompt as one request: quotas see every prompt once and
         ``n`` times its max_tokens; a prompt's later choices wait for its first to compute it."""
@@ -263,7 +283,11 @@ class GenerationService:
         max_tokens = sum(choice.params.max_tokens for choice in choices)
         async with self.admission_gate.hold(principal.tenant_id, principal.weight):
             ticket = await self.tenancy.admit(
-                principal, request_id, num_prompt_tokens, max_tokens, model=self.runtime.name
+                principal,
+                request_id,
+                num_prompt_tokens,
+                max_tokens,
+                model=self.runtime.name if adapter is None else adapter.name,
             )
         spans = RequestSpans(
             self.tracer,
@@ -272,7 +296,16 @@ class GenerationService:
             trace_parent,
         )
         first_ids, first_params = prompts[0]
-        job = Job(request_id, endpoint, first_ids, first_params, ticket, spans, choices=choices)
+        job = Job(
+            request_id,
+            endpoint,
+            first_ids,
+            first_params,
+            ticket,
+            spans,
+            choices=choices,
+            adapter=adapter,
+        )
         job.prompt_tokens = num_prompt_tokens
         self.active[request_id] = job
         self.metrics.in_flight.inc()
@@ -290,6 +323,11 @@ class GenerationService:
             kv_cache_share=principal.kv_cache_share,
             num_following=self.num_arriving + len(job.choices) - 1 - choice.index,
             prefill_after=choice.prefill_after,
+            trace_steps=self.trace_steps,
+            # The engine keys slots and cache namespaces on the registration's id: an adapter
+            # registered again under the same name never meets the old one's KV.
+            lora_name=None if job.adapter is None else job.adapter.id,
+            lora_path=None if job.adapter is None else job.adapter.path,
         )
 
     async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
@@ -302,6 +340,8 @@ class GenerationService:
             async for out in merged:
                 received = True
                 self._account(job, out)
+                if out.steps:
+                    job.spans.steps(out.steps)
                 if out.finished:
                     job.choice_of(out).finish_reason = out.finish_reason
                     job.finish_reason = job.choices[0].finish_reason
@@ -411,7 +451,7 @@ class GenerationService:
         record = UsageRecord(
             request_id=job.request_id,
             tenant_id=job.tenant_id,
-            model=self.runtime.name,
+            model=self.runtime.name if job.adapter is None else job.adapter.name,
             status=status,
             started_at=job.started_at,
             finished_at=datetime.now(UTC),

@@ -49,6 +49,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     speculative_tokens: int = 4
     # Steps with more decodes than this run no drafts (None: no limit).
     speculative_max_batch: int | None = None
+    # LoRA adapters resident at once (0: adapters off) and the largest rank one may have.
+    max_loras: int = 4
+    max_lora_rank: int = 16
     # The longest a step may take, so each running request's time per output token: "auto"
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
@@ -129,6 +132,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError("speculative_tokens must be between 0 and 64")
         if self.speculative_max_batch is not None and self.speculative_max_batch <= 0:
             raise SettingsError("speculative_max_batch must be positive")
+        if not 0 <= self.max_loras <= 256:
+            raise SettingsError("max_loras must be between 0 and 256")
+        if not 1 <= self.max_lora_rank <= 512:
+            raise SettingsError("max_lora_rank must be between 1 and 512")
         if self.torch_threads is not None and self.torch_threads <= 0:
             raise SettingsError("torch_threads must be positive")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:

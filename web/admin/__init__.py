@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Router
 
+from web.admin.adapters_controller import LoraAdaptersController
 from web.admin.audit_controller import list_audit
 from web.admin.auth import admin_guard
 from web.admin.engine_controller import engine_status
@@ -35,6 +36,7 @@ admin_router = Router(
         engine_status,
         live_metrics,
         PublicPrefixesController,
+        LoraAdaptersController,
     ],
     request_class=JsonRequest,
 )

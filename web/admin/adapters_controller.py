@@ -1,0 +1,82 @@
+"""Admin routes for LoRA adapters: register a PEFT folder on this server for one tenant or for
+all, list, read, remove (stored in SQL, audited). Tenants then name an adapter in ``model``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+from litestar import Controller, delete, get, post
+from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
+
+from engine.lora.adapter import AdapterError, read_adapter_config
+from tenants.errors import NotFoundError
+from tenants.lora_adapters import LoraAdapterInfo, LoraAdapterService
+from web.admin.context import database
+from web.admin.tenants_controller import AdminRequest, actor_of
+from web.errors import ApiError
+
+
+class LoraAdapterCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str  # what requests put in ``model``
+    path: str  # the adapter's folder on this server (adapter_config.json + safetensors)
+    tenant_id: str | None = None  # None: every tenant may use it
+
+
+def _service(request: AdminRequest) -> LoraAdapterService:
+    return LoraAdapterService(database(request))
+
+
+def _check_folder(data: LoraAdapterCreate, request: AdminRequest) -> None:
+    """Refuse a folder this server cannot serve now (400), and a name the base model has (409)."""
+    generation = request.app.state.get("generation")
+    if generation is not None:
+        runtime = generation.runtime
+        if data.name in (runtime.name, *runtime.aliases):
+            raise ApiError(409, f"`{data.name}` is the base model's name.", code="conflict",
+                           param="name")  # fmt: skip
+    folder = Path(data.path)
+    if not folder.is_absolute():
+        raise ApiError(400, "path must be an absolute folder path", code="invalid_request",
+                       param="path")  # fmt: skip
+    try:
+        read_adapter_config(folder)
+    except AdapterError as exc:
+        raise ApiError(400, str(exc), code="invalid_adapter", param="path") from None
+    if not (folder / "adapter_model.safetensors").is_file():
+        raise ApiError(400, f"{folder} has no adapter_model.safetensors", code="invalid_adapter",
+                       param="path")  # fmt: skip
+
+
+class LoraAdaptersController(Controller):
+    path = "/lora-adapters"
+    tags = ["admin"]  # noqa: RUF012 - Litestar reads this class attribute
+
+    @post("/", status_code=HTTP_201_CREATED)
+    async def register(
+        self, request: AdminRequest, data: JSONBody[LoraAdapterCreate]
+    ) -> LoraAdapterInfo:
+        service = _service(request)
+        _check_folder(data, request)
+        return await service.register(data.name, data.path, data.tenant_id, actor=actor_of(request))
+
+    @get("/")
+    async def list_adapters(
+        self, request: AdminRequest, tenant_id: FromQuery[str | None] = None
+    ) -> list[LoraAdapterInfo]:
+        """Every adapter, or (with ``tenant_id``) those that tenant may use."""
+        return await _service(request).list_adapters(tenant_id)
+
+    @get("/{adapter_id:str}")
+    async def get_adapter(
+        self, request: AdminRequest, adapter_id: FromPath[str]
+    ) -> LoraAdapterInfo:
+        for adapter in await _service(request).list_adapters():
+            if adapter.id == adapter_id:
+                return adapter
+        raise NotFoundError(f"no adapter {adapter_id[:64]!r}")
+
+    @delete("/{adapter_id:str}", status_code=HTTP_200_OK)
+    async def remove(self, request: AdminRequest, adapter_id: FromPath[str]) -> LoraAdapterInfo:
+        return await _service(request).remove(adapter_id, actor=actor_of(request))
