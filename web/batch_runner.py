@@ -32,6 +32,7 @@ from web.tenancy_sql import SqlTenancy
 
 log = structlog.get_logger("atrium.batch")
 BUDGET_SPENT = "monthly_token_budget"
+OPEN = ("validating", "in_progress", "cancelling", "finalizing")
 
 
 class BatchRunner:
@@ -82,9 +83,13 @@ class BatchRunner:
         if service.draining:
             await self._cancel(list(self.running))
             return
-        await self._validate(service)
+        # One query when there is nothing to do (the common case for an idle gateway).
+        batches = await self.store.batches_in(OPEN, limit=500)
+        if not batches and not self.running:
+            return
+        await self._validate(service, [b for b in batches if b.status == "validating"])
         await self._watch()
-        await self._finalize(lease_id)
+        await self._finalize(lease_id, [b for b in batches if b.status != "validating"])
         room = self.settings.batch_max_concurrency - len(self.running)
         if room > 0:
             for claim in await self.store.claim(lease_id, room):
@@ -96,10 +101,10 @@ class BatchRunner:
     def _done(self, key: tuple[str, int], _: asyncio.Task[None]) -> None:
         self.running.pop(key, None)
 
-    async def _validate(self, service: GenerationService) -> None:
+    async def _validate(self, service: GenerationService, batches: list[BatchRow]) -> None:
         """``validating`` → ``in_progress``, or ``failed`` when a line names a model this
         server does not serve."""
-        for batch in await self.store.batches_in(["validating"]):
+        for batch in batches:
             errors = []
             for row in await self.store.finished_lines(batch.id):
                 model = _model_of(row.body)
@@ -128,9 +133,9 @@ class BatchRunner:
         stopped = [key for key in self.running if statuses.get(key[0]) != "in_progress"]
         await self._cancel(stopped)
 
-    async def _finalize(self, lease_id: str) -> None:
+    async def _finalize(self, lease_id: str, batches: list[BatchRow]) -> None:
         now = utc_now()
-        for batch in await self.store.batches_in(["in_progress", "cancelling", "finalizing"]):
+        for batch in batches:
             pending, running = await self.store.num_open_lines(batch.id, now)
             if running and batch.status != "finalizing":
                 continue
