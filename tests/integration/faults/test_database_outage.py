@@ -33,6 +33,7 @@ from web.app import create_app
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 QUOTAS = Quotas(max_concurrent_requests=4, requests_per_minute=1000, monthly_token_budget=10**6)
+TIGHT = Quotas(max_concurrent_requests=1, max_prompt_tokens=30, monthly_token_budget=40)
 
 
 class Gateway:
@@ -120,6 +121,10 @@ def test_requests_are_served_through_an_outage_and_metered_once(
     # Another process revoked it: the gateway learns of it at its next sweep.
     _wait_for(lambda: len(_accepted(gw)) == 1, timeout_s=30)
 
+    # A tenant with tight quotas, seen once through the database before the outage.
+    (tight,) = asyncio.run(create_tenant(gw.url, tmp_path / "tight.spool", "tight", TIGHT, 1))
+    assert gw.complete(tight).status_code == 200
+
     gw.proxy.cut()
     during = [gw.complete(key) for _ in range(4)] + [gw.complete(key, stream=True)]
     assert [r.status_code for r in during] == [200] * 5
@@ -130,9 +135,18 @@ def test_requests_are_served_through_an_outage_and_metered_once(
     assert never_seen.status_code == 503
     assert never_seen.json()["error"]["code"] == "database_unavailable"
     assert int(never_seen.headers["Retry-After"]) >= 1
+    # In-process limits hold the tight tenant to its quotas, its budget to what was left.
+    auth = {"Authorization": f"Bearer {tight}"}
+    long_prompt = {"model": gw.model, "prompt": "word " * 60, "max_tokens": 2}
+    too_long = client.post("/v1/completions", json=long_prompt, headers=auth)
+    assert too_long.status_code == 413, too_long.text
+    over_budget = {"model": gw.model, "prompt": "the database is", "max_tokens": 60}
+    refused = client.post("/v1/completions", json=over_budget, headers=auth)
+    assert refused.status_code == 429 and "budget" in refused.json()["error"]["message"]
+    assert gw.complete(tight).status_code == 200  # within what was left
     metrics = client.get("/metrics").text
     assert "atrium_database_up 0.0" in metrics
-    assert "atrium_admissions_degraded_total 5.0" in metrics
+    assert "atrium_admissions_degraded_total 6.0" in metrics
     assert Path(gw.client.app.state.settings.usage_spool_path).stat().st_size > 0
 
     gw.proxy.restore()
@@ -152,7 +166,7 @@ def test_requests_are_served_through_an_outage_and_metered_once(
     assert not tenancy._meter.spooled and tenancy._meter.held == 0 and not tenancy._pending
     books = asyncio.run(read_books(gw.url))
     assert sorted(books.request_ids) == sorted(gw.served)  # one row per request, none twice
-    assert len(gw.served) == 3 + 1 + 5 + 2
+    assert len(gw.served) == 3 + 1 + 1 + 5 + 1 + 2
     # Every request's tokens are charged once: by settle, or by its replayed usage event.
     assert books.budget_used == sum(gw.served.values())
     assert (books.budget_reserved, books.reservations, books.in_flight) == (0, 0, 0)
