@@ -159,3 +159,45 @@ def test_without_tenant_labels_no_tenant_gauge(tiny_llama_dir: Path) -> None:
         [text] = _with_engine(client, [_snapshot(1, {"tenant-a": 1})])
     assert "atrium_engine_preemptions_total 1.0" in text
     assert "atrium_tenant_" not in text and "tenant-a" not in text
+
+
+def test_a_span_per_prefill_chunk_and_decode_step(tiny_llama_dir: Path) -> None:
+    exporter = InMemorySpanExporter()
+    config = settings(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        device="cpu",
+        kv_cache_bytes=8 * 2**20,
+        engine_process=False,
+        max_num_batched_tokens=16,  # a 40-token prompt takes three chunks
+        max_num_seqs=4,
+        target_tpot_ms="off",
+    )
+    processor = SimpleSpanProcessor(exporter)
+    app = create_app(config, store=make_tenancy(), include_admin=False, span_processor=processor)
+    with TestClient(app) as client:
+        auth = {"Authorization": f"Bearer {KEY_A}"}
+        model = client.get("/v1/models", headers=auth).json()["data"][0]["id"]
+        body = {"model": model, "prompt": list(range(1, 41)), "max_tokens": 3, "temperature": 0}
+        assert client.post("/v1/completions", json=body, headers=auth).status_code == 200
+    spans = exporter.get_finished_spans()
+    [root] = [s for s in spans if s.name == "generate completion"]
+    steps = sorted(
+        (s for s in spans if s.name.startswith("engine ")), key=lambda s: s.start_time or 0
+    )
+    assert [s.name for s in steps] == ["engine prefill"] * 3 + ["engine decode"] * 2
+    assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in steps)
+    attributes = [dict(s.attributes or {}) for s in steps]
+    assert [a["atrium.step.tokens"] for a in attributes[:3]] == [16, 16, 8]
+    assert {a["atrium.step.batch_size"] for a in attributes} == {1}
+    assert root.start_time is not None and root.end_time is not None
+    assert all(
+        root.start_time <= (s.start_time or 0) <= (s.end_time or 0) <= root.end_time for s in steps
+    )
+
+
+def test_engine_steps_are_not_traced_without_an_exporter(tiny_llama_dir: Path) -> None:
+    with _serve(tiny_llama_dir) as client:
+        assert client.app.state.generation.trace_steps is False
+    with _serve(tiny_llama_dir, InMemorySpanExporter()) as client:
+        assert client.app.state.generation.trace_steps is True
