@@ -11,6 +11,7 @@ from datetime import datetime
 
 import msgspec
 from sqlalchemy import delete, select
+from sqlalchemy.orm import defer
 
 from tenants.batch_input import parse_input
 from tenants.database import Database
@@ -76,7 +77,7 @@ class FileService:
         return file_info(await self._row(tenant_id, file_id))
 
     async def content(self, tenant_id: str, file_id: str) -> tuple[FileInfo, bytes]:
-        row = await self._row(tenant_id, file_id)
+        row = await self._row(tenant_id, file_id, with_content=True)
         return file_info(row), row.content
 
     async def list_files(
@@ -93,6 +94,7 @@ class FileService:
                 | ((BatchFile.created_at == cursor.created_at) & (BatchFile.id < cursor.id))
             )
         stmt = stmt.order_by(BatchFile.created_at.desc(), BatchFile.id.desc()).limit(limit)
+        stmt = stmt.options(defer(BatchFile.content))  # a page lists files, not their bytes
         async with self._db.sessions() as session:
             return [file_info(row) for row in await session.scalars(stmt)]
 
@@ -104,9 +106,12 @@ class FileService:
         if not result.rowcount:  # type: ignore[attr-defined]
             raise NotFoundError(f"No such file: {file_id}")
 
-    async def _row(self, tenant_id: str, file_id: str) -> BatchFile:
+    async def _row(self, tenant_id: str, file_id: str, *, with_content: bool = False) -> BatchFile:
+        stmt = select(BatchFile).where(BatchFile.id == file_id)
+        if not with_content:
+            stmt = stmt.options(defer(BatchFile.content))
         async with self._db.sessions() as session:
-            row = await session.get(BatchFile, file_id)
+            row = await session.scalar(stmt)
         if row is None or row.tenant_id != tenant_id:
             raise NotFoundError(f"No such file: {file_id}")
         return row
