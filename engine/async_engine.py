@@ -27,7 +27,7 @@ from engine.outputs import GenerateRequest, PublishedPrefix, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
-from radix_cache.prefix_cache import PUBLIC_NAMESPACE, tenant_namespace
+from radix_cache.prefix_cache import PUBLIC_NAMESPACE
 
 log = structlog.get_logger(__name__)
 
@@ -267,7 +267,7 @@ class AsyncEngine(EngineClient):
             self._engine.abort(command.request_id)
             return True
         if isinstance(command, _Drop):
-            freed = self._engine.cache.drop_namespace(tenant_namespace(command.tenant_id))
+            freed = self._engine.drop_tenant(command.tenant_id)
             log.info("tenant_cache_dropped", tenant_id=command.tenant_id, pages=freed)
             return True
         request_id = command.request.request_id

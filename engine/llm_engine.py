@@ -328,6 +328,14 @@ class LLMEngine:
                 f"prompt ({len(prompt)} tokens) exceeds the KV cache ({capacity} tokens)", "prompt"
             )
 
+    def drop_tenant(self, tenant_id: str) -> int:
+        """Free every unlocked cached page of a (deleted) tenant, its adapters' namespaces
+        included; returns how many."""
+        own = tenant_namespace(tenant_id)
+        adapters = adapter_namespace(tenant_id, "")
+        names = [own, *(ns for ns in self.cache.stats() if ns.startswith(adapters))]
+        return sum(self.cache.drop_namespace(ns) for ns in names)
+
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its pages; its final output comes with the next step."""
         request = self._requests.pop(request_id, None)

@@ -39,7 +39,6 @@ from engine.load_progress import progress_for
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
-from radix_cache.prefix_cache import tenant_namespace
 
 log = structlog.get_logger(__name__)
 # The longest an idle engine waits for the rest of a burst (GenerateRequest.num_following).
@@ -160,7 +159,7 @@ class _ChildLoop:
             self.engine.abort(command[1])
             return True
         if kind == "drop":
-            freed = self.engine.cache.drop_namespace(tenant_namespace(command[1]))
+            freed = self.engine.drop_tenant(command[1])
             log.info("tenant_cache_dropped", tenant_id=command[1], pages=freed)
             return True
         request: GenerateRequest = command[1]

@@ -50,7 +50,7 @@ async def _chat(
     service: GenerationService, principal: Principal, raw: bytes, request_id: str
 ) -> dict[str, Any]:
     body = decode_request(raw, schemas.ChatCompletionRequest, CHAT)
-    service.check_model(body.model, principal)
+    adapter = await service.resolve_model(body.model, principal)
     n = schemas.check_n(body.n)
     messages = schemas.chat_messages(body)
     plan, grammar = await chat_tools.chat_plan(body)
@@ -65,7 +65,9 @@ async def _chat(
     max_tokens = service.resolve_max_tokens(len(prompt_ids), requested, "messages")
     await chat_tools.check_fits(service, grammar, max_tokens, param)
     params = chat_tools.constrained(schemas.sampling_params(body, max_tokens), grammar)
-    job = await service.admit_choices(principal, "chat", request_id, [(prompt_ids, params)], n)
+    job = await service.admit_choices(
+        principal, "chat", request_id, [(prompt_ids, params)], n, adapter=adapter
+    )
     outputs = service.outputs(job)
     answers = await collect(service, job, await _first(outputs), outputs)
     names = TokenNames(service.runtime.tokenizer)
@@ -83,7 +85,7 @@ async def _completion(
     service: GenerationService, principal: Principal, raw: bytes, request_id: str
 ) -> dict[str, Any]:
     body = decode_request(raw, schemas.CompletionRequest, COMPLETION)
-    service.check_model(body.model, principal)
+    adapter = await service.resolve_model(body.model, principal)
     n = check_completion_options(body)
     grammar = await checked_grammar(body)
     service.check_open()
@@ -93,7 +95,9 @@ async def _completion(
         await chat_tools.check_fits(service, grammar, max_tokens, "max_tokens")
         params = schemas.sampling_params(body, max_tokens)
         prompts.append((ids, chat_tools.constrained(params, grammar)))
-    job = await service.admit_choices(principal, "completion", request_id, prompts, n)
+    job = await service.admit_choices(
+        principal, "completion", request_id, prompts, n, adapter=adapter
+    )
     echo = await echo_texts(service, job) if body.echo else None
     outputs = service.outputs(job)
     answers = await collect(service, job, await _first(outputs), outputs)

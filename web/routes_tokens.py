@@ -62,8 +62,8 @@ async def _checked(request: Request[Any, Any, Any], type_: type[T]) -> tuple[Gen
     service = _service(request)
     body = _decode(await request.body(), type_)
     model = getattr(body, "model", None)
-    if model is not None:
-        service.check_model(model, principal)
+    if model is not None:  # an adapter shares its base model's tokenizer
+        await service.resolve_model(model, principal)
     return service, body
 
 
@@ -89,8 +89,12 @@ async def retrieve_model(
     from web.routes_openai import _authenticate
 
     name = model_id.lstrip("/")
-    _service(request).check_model(name, await _authenticate(request))
-    return schemas.ModelCard(id=name, created=0)
+    service = _service(request)
+    adapter = await service.resolve_model(name, await _authenticate(request))
+    if adapter is None:
+        return schemas.ModelCard(id=name, created=0)
+    created = int(adapter.created_at.timestamp())
+    return schemas.ModelCard(id=name, created=created, parent=service.runtime.name)
 
 
 @post("/tokenize", status_code=200)

@@ -96,6 +96,9 @@ def test_adapters_by_tenant_through_the_api(gateway: Client, adapter_dirs: list[
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert _complete(gateway, globex_auth, "style").status_code == 200
 
+    card = gateway.get("/v1/models/acme-tone", headers=acme_auth)
+    assert card.status_code == 200 and card.json()["parent"] == base
+    assert_error(gateway.get("/v1/models/acme-tone", headers=globex_auth), 404, "model_not_found")
     # Another tenant's adapter is as absent as one that does not exist.
     theirs = assert_error(_complete(gateway, globex_auth, "acme-tone"), 404, "model_not_found")
     unknown = assert_error(_complete(gateway, globex_auth, "no-such"), 404, "model_not_found")

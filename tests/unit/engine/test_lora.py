@@ -16,6 +16,7 @@ from engine.lora.batch import LoraStep
 from engine.model.loader import LoadedModel, load_model
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
+from radix_cache.prefix_cache import adapter_namespace
 from radix_cache.radix_prefix_cache import RadixPrefixCache
 from tests.support.greedy import hf_greedy
 from tests.support.lora import make_adapter, merged_reference
@@ -229,3 +230,19 @@ def test_adapter_requests_are_refused_when_adapters_are_off(
         on.add_request(
             GenerateRequest("r", [1, 2], params, lora_name="x", lora_path=str(tmp_path / "none"))
         )
+
+
+def test_dropping_a_tenant_frees_its_adapters_pages_too(
+    ours: LoadedModel, adapters: dict[str, Path]
+) -> None:
+    engine = _engine(ours, max_loras=2)
+    prompt = _prompts(1, seed=9)[0] * 2
+    engine.add_request(_request("own", prompt, "all", adapters, num_new=2))
+    engine.add_request(_request("base", prompt, None, adapters, num_new=2))
+    engine.add_request(_request("other", prompt, "all", adapters, tenant="other", num_new=2))
+    _run(engine)
+    before = engine.cache.pool.num_free_pages
+    freed = engine.drop_tenant("t")
+    assert freed > 0 and engine.cache.pool.num_free_pages == before + freed
+    left = {ns for ns, snap in engine.cache.stats().items() if snap.resident_pages}
+    assert left == {adapter_namespace("other", "all")}
