@@ -335,3 +335,26 @@ def test_a_batch_past_its_window_expires_with_unrun_lines_in_the_error_file(
         errors = file_lines(api, done.error_file_id)
         assert len(errors) == counts.failed
         assert all(e["response"] is None and e["error"]["code"] == "batch_expired" for e in errors)
+
+
+@pytest.mark.postgres
+def test_two_gateways_on_postgres_share_a_batch_and_run_each_line_once(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    with migrated_database() as name:
+        url = pg_url(name)
+        _, key = run(seed(url, tmp_path / "seed.spool"))
+        lines = [chat_line(f"p{n}", MODEL, max_tokens=4) for n in range(16)]
+        one = _scripted(url, tmp_path, 0.01, model_dir=tiny_llama_dir, batch_max_concurrency=2)
+        two = _scripted(url, tmp_path, 0.01, model_dir=tiny_llama_dir, batch_max_concurrency=2)
+        with gateway(one[2], one[0]) as http_one, gateway(two[2], two[0]) as http_two:
+            batch = submit(client(http_one, key), lines)
+            done = wait_for(client(http_two, key), batch.id, finished)
+            output = file_lines(client(http_two, key), done.output_file_id)
+        events = run(batch_events(url, batch.id))
+    assert done.status == "completed" and done.request_counts.completed == 16
+    ran = [{r.request_id.split("-")[1] for r in engine.requests} for engine in (one[1], two[1])]
+    assert ran[0] and ran[1]  # both gateways ran lines
+    assert not ran[0] & ran[1] and len(ran[0] | ran[1]) == 16  # and never the same one
+    assert sorted(line["custom_id"] for line in output) == sorted(f"p{n}" for n in range(16))
+    assert len([e for e in events if e.status == "ok"]) == len(events) == 16
