@@ -175,7 +175,9 @@ class BatchStore:
             counts = await self._counts(session, [row.id])
         return _info(row, counts.get(row.id, RequestCounts()))
 
-    async def list_batches(self, tenant_id: str, *, limit: int, after: str | None) -> list[BatchInfo]:
+    async def list_batches(
+        self, tenant_id: str, *, limit: int, after: str | None
+    ) -> list[BatchInfo]:
         """Newest first; ``after`` is the id of the last batch of the previous page."""
         stmt = select(BatchRow).where(BatchRow.tenant_id == tenant_id)
         async with self._db.sessions() as session:
@@ -356,6 +358,32 @@ class BatchStore:
         return await self._update_claimed(
             claim, status="pending", lease_id=None, not_before=not_before
         )
+
+    async def release_orphans(self, lease_id: str, keep: set[tuple[str, int]]) -> int:
+        """Lines ``lease_id`` holds that its gateway no longer runs (their result could not be
+        stored) go back to pending; returns how many."""
+        async with self._db.sessions() as session:
+            held = (
+                await session.execute(
+                    select(BatchLineRow.batch_id, BatchLineRow.line).where(
+                        BatchLineRow.status == "running", BatchLineRow.lease_id == lease_id
+                    )
+                )
+            ).all()
+        orphans = [(batch_id, line) for batch_id, line in held if (batch_id, line) not in keep]
+        for batch_id, line in orphans:
+            async with self._db.transaction() as session:
+                await session.execute(
+                    update(BatchLineRow)
+                    .where(
+                        BatchLineRow.batch_id == batch_id,
+                        BatchLineRow.line == line,
+                        BatchLineRow.status == "running",
+                        BatchLineRow.lease_id == lease_id,
+                    )
+                    .values(status="pending", lease_id=None)
+                )
+        return len(orphans)
 
     async def _update_claimed(self, claim: ClaimedLine, **values: Any) -> bool:
         async with self._db.transaction() as session:

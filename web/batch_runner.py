@@ -89,6 +89,9 @@ class BatchRunner:
             return
         await self._validate(service, [b for b in batches if b.status == "validating"])
         await self._watch()
+        # Running tasks first: a line claimed just now must not look orphaned.
+        if await self.store.release_orphans(lease_id, set(self.running)):
+            log.warning("batch_lines_released", lease_id=lease_id)
         await self._finalize(lease_id, [b for b in batches if b.status != "validating"])
         room = self.settings.batch_max_concurrency - len(self.running)
         if room > 0:
@@ -184,7 +187,12 @@ class BatchRunner:
             log.warning("batch_line_not_stored", request_id=request_id, error=repr(error))
             return
         status = "completed" if batch_results.succeeded(result) else "failed"
-        if not await self.store.finish_line(claim, status, result):
+        try:
+            stored = await self.store.finish_line(claim, status, result)
+        except Exception as error:  # the line is released at a later tick and runs again
+            log.warning("batch_line_not_stored", request_id=request_id, error=repr(error))
+            return
+        if not stored:
             log.warning("batch_line_claim_lost", request_id=request_id)
 
     async def _result(

@@ -111,3 +111,20 @@ def test_cancel_and_tenant_isolation(open_domain: OpenDomain, clock: FakeClock) 
             assert await store.claim(lease, 5) == []  # a cancelling batch starts no line
 
     asyncio.run(scenario())
+
+
+def test_lines_a_gateway_holds_but_no_longer_runs_go_back(
+    open_domain: OpenDomain, clock: FakeClock
+) -> None:
+    async def scenario() -> None:
+        async with open_domain() as domain:
+            store, _ = await _batch(domain, clock, 2)
+            lease = await domain.leases.acquire(60.0)
+            first, second = await store.claim(lease, 2)
+            keep = {(second.batch_id, second.line)}
+            assert await store.release_orphans(lease, keep) == 1
+            again = await store.claim(lease, 2)
+            assert [(c.line, c.attempt) for c in again] == [(first.line, 2)]
+            assert not await store.finish_line(first, "completed", {})  # its old claim is void
+
+    asyncio.run(scenario())
