@@ -13,6 +13,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenants.cost_budget import price_at, worst_cost
 from tenants.database import Database
 from tenants.errors import (
     DuplicateRequestError,
@@ -101,6 +102,10 @@ class AdmissionService:
                     )
                 if await session.get(Reservation, request_id) is not None:
                     raise DuplicateRequestError(f"request {request_id!r} is already admitted")
+                cost = 0  # money is counted only while the tenant has a cost budget
+                if quotas.monthly_cost_budget is not None:
+                    price = await price_at(session, model, now)
+                    cost = worst_cost(price, prompt_tokens, max_tokens)
                 bucket = await self._lock_bucket(session, tenant.id, now.timestamp())
                 key_bucket = None
                 if ctx.key_requests_per_minute is not None:  # locked after the tenant's bucket
@@ -112,6 +117,7 @@ class AdmissionService:
                     quotas=quotas,
                     now=now,
                     need=need,
+                    cost=cost,
                     period=period,
                     request_id=request_id,
                     key_id=ctx.key_id,
@@ -127,6 +133,7 @@ class AdmissionService:
                         key_id=ctx.key_id,
                         model=model,
                         prompt_tokens=prompt_tokens,
+                        cost=cost,
                     )
                 )
                 await session.flush()
@@ -146,7 +153,9 @@ class AdmissionService:
                 return False
             if event is not None:
                 await insert_events(self._db, session, [event])
-            await release(session, held, usage.total_tokens)
+            await release(
+                session, held, usage.total_tokens, usage.cached_tokens, usage.completion_tokens
+            )
         return True
 
     async def _lock_bucket(self, session: AsyncSession, tenant_id: str, now_s: float) -> RateBucket:
@@ -188,6 +197,7 @@ class AdmissionService:
         quotas: Quotas,
         now: datetime,
         need: int,
+        cost: int,
         period: str,
         request_id: str,
         key_id: str,
@@ -231,7 +241,9 @@ class AdmissionService:
                 limit_tokens=tpm,
                 remaining_tokens=None if tpm is None else tokens.remaining,
             )
-        budget_left = await self._reserve_budget(session, bucket.tenant_id, period, need, quotas)
+        budget_left = await self._reserve_budget(
+            session, bucket.tenant_id, period, need, cost, quotas
+        )
         bucket.requests_drawn, bucket.tokens_drawn = requests.drawn, tokens.drawn
         bucket.refilled_at = now_s
         bucket.in_flight += 1
@@ -254,18 +266,30 @@ class AdmissionService:
         )
 
     async def _reserve_budget(
-        self, session: AsyncSession, tenant_id: str, period: str, need: int, quotas: Quotas
+        self,
+        session: AsyncSession,
+        tenant_id: str,
+        period: str,
+        need: int,
+        cost: int,
+        quotas: Quotas,
     ) -> int | None:
-        """Reserve ``need`` tokens of the month's budget; returns what is left of it after this
-        reservation (None without a budget), or raises QuotaExceededError."""
-        budget = quotas.monthly_token_budget
+        """Reserve ``need`` tokens (and ``cost`` micro-units) of the month's budgets; returns
+        what is left of the token budget after this reservation (None without one), or raises
+        QuotaExceededError."""
+        budget, money = quotas.monthly_token_budget, quotas.monthly_cost_budget
         stmt = (
             update(TokenBudget)
             .where(TokenBudget.tenant_id == tenant_id, TokenBudget.period == period)
-            .values(reserved=TokenBudget.reserved + need)
+            .values(
+                reserved=TokenBudget.reserved + need,
+                cost_reserved=TokenBudget.cost_reserved + cost,
+            )
         )
         if budget is not None:
             stmt = stmt.where(TokenBudget.used + TokenBudget.reserved + need <= budget)
+        if money is not None:
+            stmt = stmt.where(TokenBudget.cost_used + TokenBudget.cost_reserved + cost <= money)
         spent_now = select(TokenBudget.used + TokenBudget.reserved).where(
             TokenBudget.tenant_id == tenant_id, TokenBudget.period == period
         )
@@ -278,8 +302,15 @@ class AdmissionService:
         if reserved:
             # What is left is what degraded admission may spend while the database is away.
             return None if budget is None else budget - int(await session.scalar(spent_now) or 0)
-        spent = await session.scalar(spent_now)
+        spent = int(await session.scalar(spent_now) or 0)
         now = self._clock()
+        if budget is None or spent + need <= budget:  # the money ran out, not the tokens
+            raise QuotaExceededError(
+                f"monthly cost budget exhausted: this request may cost {cost} micro-units, "
+                f"more than is left of {money}",
+                reason="monthly_cost_budget",
+                retry_after_s=(next_month_start(now) - now).total_seconds(),
+            )
         raise QuotaExceededError(
             "monthly token budget exhausted",
             reason="monthly_token_budget",

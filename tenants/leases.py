@@ -106,9 +106,10 @@ class LeaseService:
             stored = await session.get(UsageEventRow, request_id)
             if stored is None:
                 await insert_events(self._db, session, [lost_event(held, now)])
-                charged = held.prompt_tokens
+                charged, cached, completion = held.prompt_tokens, 0, 0
             else:  # the event was stored (spooled, replayed) but the settle never came
                 charged = stored.prompt_tokens + stored.completion_tokens
-            await release(session, held, charged)
+                cached, completion = stored.cached_tokens, stored.completion_tokens
+            await release(session, held, charged, cached, completion)
         log.info("request_settled_for_lost_gateway", request_id=request_id, charged=charged)
         return True

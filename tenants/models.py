@@ -76,6 +76,8 @@ class Tenant(Base):
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     max_concurrent_requests: Mapped[int | None] = mapped_column(BigInteger)
     monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger)
+    # Micro-units of the price table's currency (migration 0009).
+    monthly_cost_budget: Mapped[int | None] = mapped_column(BigInteger)
     max_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
     kv_cache_share: Mapped[float | None] = mapped_column(Float)
 
@@ -159,6 +161,9 @@ class TokenBudget(Base):
     period: Mapped[str] = mapped_column(String(7), primary_key=True)
     used: Mapped[int] = mapped_column(BigInteger)
     reserved: Mapped[int] = mapped_column(BigInteger)
+    # The same in money (micro-units), counted while the tenant has a cost budget.
+    cost_used: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
+    cost_reserved: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
 
 
 class Reservation(Base):
@@ -179,6 +184,7 @@ class Reservation(Base):
     key_id: Mapped[str | None] = mapped_column(String(32))
     model: Mapped[str | None] = mapped_column(String(100))
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cost: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)  # micro-units
 
 
 class GatewayLease(Base):

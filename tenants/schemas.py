@@ -25,6 +25,7 @@ QUOTA_FIELDS = (
     "tokens_per_minute",
     "max_concurrent_requests",
     "monthly_token_budget",
+    "monthly_cost_budget",
     "max_prompt_tokens",
 )
 
@@ -67,6 +68,9 @@ class Quotas(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     tokens_per_minute: int | None = None
     max_concurrent_requests: int | None = None
     monthly_token_budget: int | None = None
+    # Micro-units of the price table's currency (25_000_000 is 25.00), priced at the model's
+    # price: reserved at the worst case on admission, charged what was used on settlement.
+    monthly_cost_budget: int | None = None
     max_prompt_tokens: int | None = None
     kv_cache_share: float | None = None
 
@@ -83,6 +87,7 @@ class QuotasPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     tokens_per_minute: int | UnsetType | None = UNSET
     max_concurrent_requests: int | UnsetType | None = UNSET
     monthly_token_budget: int | UnsetType | None = UNSET
+    monthly_cost_budget: int | UnsetType | None = UNSET
     max_prompt_tokens: int | UnsetType | None = UNSET
     kv_cache_share: float | UnsetType | None = UNSET
 

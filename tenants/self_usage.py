@@ -34,7 +34,8 @@ class ModelDay(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BudgetState(msgspec.Struct, frozen=True, kw_only=True):
-    """The month's token budget: ``remaining`` is None when there is no budget."""
+    """The month's token budget and money budget (``cost_*``, micro-units of the prices'
+    currency): ``remaining`` and ``cost_remaining`` are None where there is no such budget."""
 
     period: str
     resets_at: datetime
@@ -42,6 +43,10 @@ class BudgetState(msgspec.Struct, frozen=True, kw_only=True):
     used: int
     reserved: int
     remaining: int | None
+    cost_limit: int | None
+    cost_used: int
+    cost_reserved: int
+    cost_remaining: int | None
 
 
 class RateState(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,7 +100,10 @@ class SelfUsage:
             budget = await session.get(TokenBudget, (tenant_id, period))
             bucket = await session.get(RateBucket, tenant_id)
         used, reserved = (0, 0) if budget is None else (budget.used, budget.reserved)
-        limit = quotas.monthly_token_budget
+        cost_used, cost_reserved = (
+            (0, 0) if budget is None else (budget.cost_used, budget.cost_reserved)
+        )
+        limit, money = quotas.monthly_token_budget, quotas.monthly_cost_budget
         rate = self._rate(quotas, bucket, now.timestamp())
         return Statement(
             tenant_id=tenant.id,
@@ -122,6 +130,10 @@ class SelfUsage:
                 used=used,
                 reserved=reserved,
                 remaining=None if limit is None else max(0, limit - used - reserved),
+                cost_limit=money,
+                cost_used=cost_used,
+                cost_reserved=cost_reserved,
+                cost_remaining=None if money is None else max(0, money - cost_used - cost_reserved),
             ),
             rate_limits=rate,
         )

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, case, delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenants.cost_budget import price_at, used_cost
 from tenants.models import RateBucket, Reservation, TokenBudget
 from tenants.records import UsageEvent
 
@@ -30,6 +31,7 @@ class Held(NamedTuple):
     key_id: str | None
     model: str | None
     prompt_tokens: int
+    cost: int  # micro-units reserved against a cost budget (0: none)
 
 
 async def take_reservation(
@@ -50,6 +52,7 @@ async def take_reservation(
                 Reservation.key_id,
                 Reservation.model,
                 Reservation.prompt_tokens,
+                Reservation.cost,
             )
         )
     ).one_or_none()
@@ -58,9 +61,17 @@ async def take_reservation(
     return Held(*row)
 
 
-async def release(session: AsyncSession, held: Held, charged: int) -> None:
+async def release(
+    session: AsyncSession, held: Held, charged: int, cached: int = 0, completion: int = 0
+) -> None:
     """Free the slot, give the unused reserved tokens back to the minute bucket, and move the
-    reservation to ``charged`` tokens used in the month it was admitted in."""
+    reservation to ``charged`` tokens used in the month it was admitted in (and, with a cost
+    reservation, to what they cost: ``completion`` of them output, ``cached`` of the prompt
+    from the cache; never more than was reserved)."""
+    cost = 0
+    if held.cost > 0:
+        price = await price_at(session, held.model, held.created_at)
+        cost = min(held.cost, used_cost(price, charged - completion, cached, completion))
     refund = max(0, held.tokens - charged)  # unused max_tokens flow back
     await session.execute(
         update(RateBucket)
@@ -76,7 +87,12 @@ async def release(session: AsyncSession, held: Held, charged: int) -> None:
     await session.execute(
         update(TokenBudget)
         .where(TokenBudget.tenant_id == held.tenant_id, TokenBudget.period == held.period)
-        .values(reserved=TokenBudget.reserved - held.tokens, used=TokenBudget.used + charged)
+        .values(
+            reserved=TokenBudget.reserved - held.tokens,
+            used=TokenBudget.used + charged,
+            cost_reserved=TokenBudget.cost_reserved - held.cost,
+            cost_used=TokenBudget.cost_used + cost,
+        )
     )
 
 

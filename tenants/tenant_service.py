@@ -25,6 +25,7 @@ def quotas_of(row: Tenant) -> Quotas:
         tokens_per_minute=row.tokens_per_minute,
         max_concurrent_requests=row.max_concurrent_requests,
         monthly_token_budget=row.monthly_token_budget,
+        monthly_cost_budget=row.monthly_cost_budget,
         max_prompt_tokens=row.max_prompt_tokens,
         kv_cache_share=row.kv_cache_share,
     )

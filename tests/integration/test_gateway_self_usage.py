@@ -7,15 +7,17 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from litestar.testing import TestClient
 
 from tenants import Database, TenantDomain
 from tenants.key_policy import KeySpec
+from tenants.records import PriceSet
 from tenants.schemas import Quotas, TenantCreate
 from tests.integration.gateway_fakes import MODEL, make_runtime, settings
 from tests.integration.pg_gateway import migrated_database
@@ -23,13 +25,22 @@ from tests.support.postgres import migrate, pg_url
 from web.app import create_app
 
 # Slow refill (0.1 request and 1 token a second) so the state read back is what was drawn.
-QUOTAS = Quotas(requests_per_minute=6, tokens_per_minute=60, monthly_token_budget=100_000)
+QUOTAS = Quotas(
+    requests_per_minute=6,
+    tokens_per_minute=60,
+    monthly_token_budget=100_000,
+    monthly_cost_budget=1_000_000,
+)
+# A micro-unit per prompt token and two per output token.
+PRICE = PriceSet(input_per_million=10**6, cached_input_per_million=0, output_per_million=2 * 10**6)
 
 
 async def _keys(url: str, spool: Path) -> dict[str, str]:
     db = await Database.connect(url)
     domain = await TenantDomain.open(db, spool_path=spool)
     try:
+        since = datetime.now(UTC) - timedelta(days=1)
+        await domain.prices.set_price(MODEL, msgspec.structs.replace(PRICE, effective_from=since))
         acme = await domain.tenants.create(TenantCreate(name="acme", quotas=QUOTAS))
         other = await domain.tenants.create(TenantCreate(name="other"))
         return {
@@ -108,6 +119,9 @@ def test_a_key_reads_its_own_usage_quotas_budget_and_rates(
     assert (budget["limit"], budget["used"], budget["reserved"]) == (100_000, used, 0)
     assert budget["remaining"] == 100_000 - used
     assert budget["period"] == today.strftime("%Y-%m")
+    cost = result["input_tokens"] + 2 * result["output_tokens"]
+    assert (budget["cost_limit"], budget["cost_used"], budget["cost_reserved"]) == (10**6, cost, 0)
+    assert budget["cost_remaining"] == 10**6 - cost
     rates = body["rate_limits"]
     assert rates["limit_requests"] == 6 and rates["remaining_requests"] in (4, 5)
     assert rates["limit_tokens"] == 60 and 60 - used <= rates["remaining_tokens"] < 60
@@ -116,6 +130,7 @@ def test_a_key_reads_its_own_usage_quotas_budget_and_rates(
     assert theirs["tenant_name"] == "other"
     assert [r["output_tokens"] for r in theirs["data"][0]["results"]] == [5]
     assert theirs["budget"]["limit"] is None and theirs["budget"]["remaining"] is None
+    assert theirs["budget"]["cost_limit"] is None and theirs["budget"]["cost_used"] == 0
 
 
 def test_scopes_windows_and_bad_queries(

@@ -26,6 +26,7 @@ QUOTA_FLAGS = {
     "--tpm": "tokens_per_minute",
     "--max-concurrent": "max_concurrent_requests",
     "--monthly-token-budget": "monthly_token_budget",
+    "--monthly-cost-budget": "monthly_cost_budget",  # micro-units of the prices' currency
     "--max-prompt-tokens": "max_prompt_tokens",
 }
 
