@@ -80,8 +80,8 @@ class LoraStep(NamedTuple):
         weights = self.weights
         rank = weights.max_rank
         num_blocks = rows.block_slots.shape[0]
-        xs = x.index_select(0, rows.gather).view(num_blocks, rows.block, x.shape[1])
         a = weights.a[layer][group].index_select(0, rows.block_slots)  # [blocks, T * R, in]
+        xs = x.index_select(0, rows.gather).to(a.dtype).view(num_blocks, rows.block, x.shape[1])
         h = torch.bmm(xs, a.transpose(1, 2))  # [blocks, block, T * R]
         for t, (target, (start, width)) in enumerate(
             zip(GROUPS[group], weights.columns[group], strict=True)
@@ -91,4 +91,4 @@ class LoraStep(NamedTuple):
             b = weights.b[layer][group][t].index_select(0, rows.block_slots)  # [blocks, out, R]
             delta = torch.bmm(h[:, :, t * rank : (t + 1) * rank], b.transpose(1, 2))
             delta = delta.view(-1, width).index_select(0, rows.valid)  # [lora rows, out]
-            out[:, start : start + width].index_add_(0, rows.dest, delta)
+            out[:, start : start + width].index_add_(0, rows.dest, delta.to(out.dtype))
