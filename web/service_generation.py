@@ -281,7 +281,8 @@ class GenerationService:
         choices = _choices(request_id, prompts, n)
         num_prompt_tokens = sum(len(ids) for ids, _ in prompts)
         max_tokens = sum(choice.params.max_tokens for choice in choices)
-        async with self.admission_gate.hold(principal.tenant_id, principal.weight):
+        # A tenant's batch lines take turns apart from its interactive requests, at their weight.
+        async with self.admission_gate.hold(principal.engine_tenant_id, principal.weight):
             ticket = await self.tenancy.admit(
                 principal,
                 request_id,
