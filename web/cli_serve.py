@@ -127,6 +127,20 @@ def register(subparsers: Any) -> None:
         help="steps with more decodes than this run no drafts (default: no limit)",
     )
     parser.add_argument(
+        "--max-loras",
+        dest="max_loras",
+        type=int,
+        default=None,
+        help="LoRA adapters resident at once (default 4; 0: adapters off)",
+    )
+    parser.add_argument(
+        "--max-lora-rank",
+        dest="max_lora_rank",
+        type=int,
+        default=None,
+        help="the largest rank an adapter may have (default 16)",
+    )
+    parser.add_argument(
         "--target-tpot-ms",
         dest="target_tpot_ms",
         default=None,

@@ -180,3 +180,16 @@ def test_server_limits_come_from_the_environment_and_are_checked() -> None:
     ):
         with pytest.raises(SettingsError):
             Settings.load(environ=bad)
+
+
+def test_lora_slots_and_rank_come_from_flags_and_twins_and_are_checked() -> None:
+    defaults = Settings.load(environ={})
+    assert (defaults.max_loras, defaults.max_lora_rank) == (4, 16)
+    args = build_parser().parse_args(["serve", "--max-loras", "0", "--max-lora-rank", "64"])
+    flags = {name: getattr(args, name, None) for name in Settings.__struct_fields__}
+    loaded = Settings.load(flags, environ={"ATRIUM_MAX_LORAS": "8"})
+    assert (loaded.max_loras, loaded.max_lora_rank) == (0, 64)
+    assert Settings.load(environ={"ATRIUM_MAX_LORAS": "8"}).max_loras == 8
+    for bad in ({"max_loras": -1}, {"max_loras": 257}, {"max_lora_rank": 0}):
+        with pytest.raises(SettingsError, match="max_lora"):
+            Settings.load(bad, environ={})
