@@ -41,9 +41,20 @@ def auth_context(key: ApiKey, tenant: Tenant) -> AuthContext:
         quotas=quotas_of(tenant),
         expires_at=key.expires_at,
         scopes=tuple(scopes_of(key.scopes)),
-        models=None if key.models is None else tuple(key.models),
+        models=allowed_models(key.models, tenant.models),
         key_requests_per_minute=key.requests_per_minute,
     )
+
+
+def allowed_models(
+    key_models: list[str] | None, tenant_models: list[str] | None
+) -> tuple[str, ...] | None:
+    """The models a key may call: its own list within its tenant's allow-list (None: every)."""
+    if tenant_models is None:
+        return None if key_models is None else tuple(key_models)
+    if key_models is None:
+        return tuple(tenant_models)
+    return tuple(name for name in key_models if name in tenant_models)
 
 
 async def load_key(session: AsyncSession, key_id: str, *, lock: bool = False) -> ApiKey:

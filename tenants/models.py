@@ -80,6 +80,8 @@ class Tenant(Base):
     monthly_cost_budget: Mapped[int | None] = mapped_column(BigInteger)
     max_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
     kv_cache_share: Mapped[float | None] = mapped_column(Float)
+    # The tenant's model allow-list (migration 0010); None: every model.
+    models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class ApiKey(Base):

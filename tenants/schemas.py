@@ -30,6 +30,21 @@ QUOTA_FIELDS = (
 )
 
 
+MAX_QUOTA_MODELS = 64
+
+
+def check_model_list(models: tuple[str, ...] | None) -> None:
+    """A tenant's model allow-list: None (every model) or 1-64 distinct served names."""
+    if models is None:
+        return
+    if not models or len(models) > MAX_QUOTA_MODELS or len(set(models)) != len(models):
+        raise InvalidInputError(
+            f"models must be null (every model) or 1-{MAX_QUOTA_MODELS} distinct names", "models"
+        )
+    for model in models:
+        check_name(model, "models")
+
+
 # The largest count or price accepted: exact in JSON doubles and far from SQL's 64-bit limit,
 # so sums of such values cannot overflow a BIGINT column either.
 MAX_COUNT = 2**53
@@ -73,11 +88,14 @@ class Quotas(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     monthly_cost_budget: int | None = None
     max_prompt_tokens: int | None = None
     kv_cache_share: float | None = None
+    # The models (served names, adapters) the tenant's keys may call; None: every model.
+    models: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for field in QUOTA_FIELDS:
             check_count(getattr(self, field), field)
         check_share(self.kv_cache_share)
+        check_model_list(self.models)
 
 
 class QuotasPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -90,11 +108,12 @@ class QuotasPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     monthly_cost_budget: int | UnsetType | None = UNSET
     max_prompt_tokens: int | UnsetType | None = UNSET
     kv_cache_share: float | UnsetType | None = UNSET
+    models: tuple[str, ...] | UnsetType | None = UNSET
 
     def apply(self, quotas: Quotas) -> Quotas:
         changes = {
             name: value
-            for name in (*QUOTA_FIELDS, "kv_cache_share")
+            for name in (*QUOTA_FIELDS, "kv_cache_share", "models")
             if (value := getattr(self, name)) is not UNSET
         }
         return msgspec.structs.replace(quotas, **changes)

@@ -28,6 +28,7 @@ def quotas_of(row: Tenant) -> Quotas:
         monthly_cost_budget=row.monthly_cost_budget,
         max_prompt_tokens=row.max_prompt_tokens,
         kv_cache_share=row.kv_cache_share,
+        models=None if row.models is None else tuple(row.models),
     )
 
 
@@ -45,7 +46,7 @@ def tenant_info(row: Tenant) -> TenantInfo:
 
 def _set_quotas(row: Tenant, quotas: Quotas) -> None:
     for name, value in msgspec.structs.asdict(quotas).items():
-        setattr(row, name, value)
+        setattr(row, name, list(value) if isinstance(value, tuple) else value)
 
 
 async def load_tenant(session: AsyncSession, tenant_id: str, *, lock: bool = False) -> Tenant:

@@ -10,7 +10,7 @@ import msgspec
 from tenants.schemas import TenantCreate, TenantInfo, TenantPatch
 from web.cli.output import output_flags, print_json, print_one, print_rows
 from web.cli.runner import CLI_ACTOR, DIRECT_NOTE, Services, database_flag, run_db
-from web.cli.values import count_or_none, share_or_none
+from web.cli.values import count_or_none, model_list_or_all, share_or_none
 
 TENANT_COLUMNS = (
     ("id", "id"),
@@ -62,7 +62,7 @@ def _patch(args: argparse.Namespace) -> dict[str, Any]:
         patch["weight"] = args.weight
     quotas = {
         field: getattr(args, field)
-        for field in (*QUOTA_FLAGS.values(), "kv_cache_share")
+        for field in (*QUOTA_FLAGS.values(), "kv_cache_share", "models")
         if getattr(args, field, msgspec.UNSET) is not msgspec.UNSET
     }
     if quotas:
@@ -127,6 +127,13 @@ def register(subparsers: Any) -> None:
         )
     update.add_argument(
         "--kv-cache-share", type=share_or_none, default=msgspec.UNSET, metavar="0..1|none"
+    )
+    update.add_argument(
+        "--models",
+        type=model_list_or_all,
+        default=msgspec.UNSET,
+        metavar="A,B|all",
+        help="the models the tenant's keys may call (comma-separated), or `all`",
     )
     output_flags(update)
     for name, status, text in (

@@ -71,3 +71,13 @@ def window(start: datetime | None, end: datetime | None) -> tuple[datetime, date
 def window_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--start", type=instant, help="ISO 8601, inclusive (default: end - 30d)")
     parser.add_argument("--end", type=instant, help="ISO 8601, exclusive (default: now)")
+
+
+def model_list_or_all(text: str) -> list[str] | None:
+    """Comma-separated model names, or ``all`` (every model)."""
+    if text.strip().lower() in {"all", "none", "null"}:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of models: {text!r}")
+    return names
