@@ -36,6 +36,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
 from engine.llm_engine import LLMEngine
 from engine.load_progress import progress_for
+from engine.lora.adapter import AdapterError
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
@@ -47,6 +48,7 @@ GATHER_S = 0.05
 _ERRORS: dict[str, type[EngineError]] = {
     PromptTooLongError.code: PromptTooLongError,
     InvalidRequestError.code: InvalidRequestError,
+    AdapterError.code: AdapterError,
 }
 
 

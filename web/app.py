@@ -208,8 +208,9 @@ def create_app(
             app.state.tenancy = tenancy
             app.state.generation = service
             domain = getattr(app.state, "tenant_domain", None)
-            if domain is not None and settings.role == "all" and settings.max_loras > 0:
-                # Adapters load in this server's own engine (the engine role takes none).
+            if domain is not None and (settings.role == "gateway" or settings.max_loras > 0):
+                # Adapters load in this server's engine, or in the engines behind the router
+                # (each from the registered folder, which must be there too).
                 service.adapters = domain.lora_adapters
             delivery = await start_prefix_delivery(app.state, runtime)
             if delivery is not None:

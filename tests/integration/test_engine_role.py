@@ -187,3 +187,44 @@ def test_a_gateway_grammar_crosses_in_the_sampling_settings(engine: tuple[TestCl
     answer = client.post("/v1/completions", json=body, headers=AUTH)
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["text"] in ("yes", "no")
+
+
+def test_a_lora_adapter_named_by_the_gateway_is_applied(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+    tiny_llama_dir: Path,
+    tmp_path: Path,
+) -> None:
+    from engine.outputs import GenerateRequest
+    from engine.sampling_params import SamplingParams
+    from tests.support.lora import make_adapter
+    from web.engine_api.client import request_body
+
+    client, model = engine
+    folder = make_adapter(
+        tiny_llama_dir, tmp_path / "a", 5, 4, 8.0, ["q_proj", "v_proj", "down_proj"]
+    )
+    lora = {"atrium_lora_id": "la_test", "atrium_lora_path": str(folder)}
+    base = complete(client, model, "lora-tenant", max_tokens=8)
+    tuned = complete(client, model, "lora-tenant", max_tokens=8, **lora)
+    assert tuned["choices"][0]["text"] != base["choices"][0]["text"]
+    # The base model's pages of the same prompt are not the adapter's.
+    assert tuned["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    again = complete(client, model, "lora-tenant", max_tokens=8, **lora)
+    assert again["choices"][0]["text"] == tuned["choices"][0]["text"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    bad = [
+        {"atrium_lora_id": "la_test"},
+        {"atrium_lora_path": str(folder)},
+        {"atrium_lora_id": "la_x", "atrium_lora_path": "relative"},
+        {"atrium_lora_id": "la_y", "atrium_lora_path": str(tmp_path / "missing")},
+    ]
+    for fields in bad:
+        body = {"model": model, "prompt": "hi", "max_tokens": 2, **fields}
+        answer = client.post("/v1/completions", json=body, headers=AUTH)
+        assert answer.status_code == 400, (fields, answer.text)
+    # What a gateway sends for an adapter request.
+    params = SamplingParams(max_tokens=2)
+    request = GenerateRequest("r", [1, 2], params, lora_name="la_1", lora_path="/srv/a")
+    sent = request_body(request, model, "hi")
+    assert (sent["atrium_lora_id"], sent["atrium_lora_path"]) == ("la_1", "/srv/a")
+    assert "atrium_lora_id" not in request_body(GenerateRequest("r", [1], params), model, "hi")

@@ -40,6 +40,9 @@ def _check_folder(data: LoraAdapterCreate, request: AdminRequest) -> None:
     if not folder.is_absolute():
         raise ApiError(400, "path must be an absolute folder path", code="invalid_request",
                        param="path")  # fmt: skip
+    settings = request.app.state.get("settings")
+    if getattr(settings, "role", "all") == "gateway":
+        return  # the folder is on the engines' disks; each checks it when a request names it
     try:
         read_adapter_config(folder)
     except AdapterError as exc:

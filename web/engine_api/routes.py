@@ -148,8 +148,10 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         ids = await _prompt_ids(service, body, lambda: _tokenize_prompt(service, body), "prompt")
         max_tokens = service.resolve_max_tokens(len(ids), body.max_tokens, "prompt")
         params = wire.sampling_of(body) or schemas.sampling_params(body, max_tokens)
-        job = await service.admit(
-            principal, "completion", f"cmpl-{secrets.token_hex(12)}", ids, params
+        rid = f"cmpl-{secrets.token_hex(12)}"
+        adapter = wire.adapter_of(body)
+        job = await service.admit_choices(
+            principal, "completion", rid, [(ids, params)], adapter=adapter
         )
     return await _answer(service, job, body, chat=False)
 
@@ -170,9 +172,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         requested = body.max_completion_tokens or body.max_tokens
         max_tokens = service.resolve_max_tokens(len(ids), requested, "messages")
         params = wire.sampling_of(body) or schemas.sampling_params(body, max_tokens)
-        job = await service.admit(
-            principal, "chat", f"chatcmpl-{secrets.token_hex(12)}", ids, params
-        )
+        rid = f"chatcmpl-{secrets.token_hex(12)}"
+        adapter = wire.adapter_of(body)
+        job = await service.admit_choices(principal, "chat", rid, [(ids, params)], adapter=adapter)
     return await _answer(service, job, body, chat=True)
 
 

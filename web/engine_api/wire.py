@@ -5,7 +5,8 @@ headers): ``cache_salt`` is the tenant's cache namespace (the field vLLM and the
 ``atrium_tenant_weight`` and ``atrium_kv_cache_share`` its fair-share weight and cache share,
 ``atrium_allow_public_prefix`` whether it may reuse public prefixes. ``atrium_prompt_token_ids``
 carries the prompt exactly as the gateway counted it (``prompt`` stays text, for the router's
-prefix matching) and ``atrium_sampling`` every sampling setting. The engine honours these only
+prefix matching) and ``atrium_sampling`` every sampling setting; ``atrium_lora_id`` and
+``atrium_lora_path`` name a registered LoRA adapter and its folder. The engine honours these only
 from a caller holding the engine token; everything else is refused before the body is read.
 """
 
@@ -13,11 +14,14 @@ from __future__ import annotations
 
 import hmac
 import math
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
 from typing import Any
 
 import msgspec
 
 from engine.sampling_params import SamplingParams
+from tenants.lora_adapters import MAX_NAME_CHARS, LoraAdapterInfo
 from web.errors import ApiError, bad_request
 from web.openai_schemas import ChatCompletionRequest, CompletionRequest
 
@@ -34,6 +38,8 @@ class EngineCompletionRequest(CompletionRequest, kw_only=True):
     atrium_allow_public_prefix: bool | None = None
     atrium_prompt_token_ids: list[int] | None = None
     atrium_sampling: dict[str, Any] | None = None
+    atrium_lora_id: str | None = None
+    atrium_lora_path: str | None = None
 
 
 class EngineChatRequest(ChatCompletionRequest, kw_only=True):
@@ -45,6 +51,8 @@ class EngineChatRequest(ChatCompletionRequest, kw_only=True):
     atrium_allow_public_prefix: bool | None = None
     atrium_prompt_token_ids: list[int] | None = None
     atrium_sampling: dict[str, Any] | None = None
+    atrium_lora_id: str | None = None
+    atrium_lora_path: str | None = None
 
 
 TenantFields = EngineCompletionRequest | EngineChatRequest
@@ -55,6 +63,8 @@ TENANT_FIELDS = (
     "atrium_allow_public_prefix",
     "atrium_prompt_token_ids",
     "atrium_sampling",
+    "atrium_lora_id",
+    "atrium_lora_path",
 )
 
 # What an engine's routes honour besides the tenant extension (``sampling_params`` of the OpenAI
@@ -160,3 +170,24 @@ def checked_ids(ids: list[int], tokenizer: object, param: str) -> list[int]:
     if not ids or any(not 0 <= token < vocab_size for token in ids):
         raise bad_request(f"{param} must be a non-empty list of ids below {vocab_size}", param)
     return ids
+
+
+def adapter_of(fields: TenantFields) -> LoraAdapterInfo | None:
+    """The LoRA adapter the gateway resolved for this request (its registration id and folder),
+    or None for the base model; both fields or neither."""
+    adapter_id, path = fields.atrium_lora_id, fields.atrium_lora_path
+    if adapter_id is None and path is None:
+        return None
+    if adapter_id is None or not 0 < len(adapter_id) <= MAX_NAME_CHARS:
+        raise bad_request(f"atrium_lora_id must be 1 to {MAX_NAME_CHARS} characters",
+                          "atrium_lora_id")  # fmt: skip
+    if path is None or not PurePosixPath(path).is_absolute() or "\x00" in path:
+        raise bad_request("atrium_lora_path must be an absolute folder path", "atrium_lora_path")
+    return LoraAdapterInfo(
+        id=adapter_id,
+        name=adapter_id,
+        path=path,
+        tenant_id=None,
+        created_at=datetime.fromtimestamp(0, UTC),
+        created_by="gateway",
+    )
