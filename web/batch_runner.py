@@ -32,6 +32,7 @@ from web.tenancy_sql import SqlTenancy
 
 log = structlog.get_logger("atrium.batch")
 BUDGET_SPENT = "monthly_token_budget"
+BUDGET_ATTEMPTS = 5  # claims of a line the budget refused while its siblings ran
 OPEN = ("validating", "in_progress", "cancelling", "finalizing")
 
 
@@ -51,6 +52,7 @@ class BatchRunner:
         self.tenancy = tenancy
         self.running: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._tenants: dict[tuple[str, int], str] = {}  # whose line each running one is
         drop = getattr(state.get("engine"), "drop_tenant", None)
         if callable(drop):  # a suspended or deleted tenant's batch pages go with its own
             tenancy.on_tenant_gone.append(lambda tenant_id: drop(f"{tenant_id}/batch"))
@@ -99,10 +101,12 @@ class BatchRunner:
                 key = (claim.batch_id, claim.line)
                 task = asyncio.create_task(self._run(service, claim))
                 self.running[key] = task
+                self._tenants[key] = claim.tenant_id
                 task.add_done_callback(functools.partial(self._done, key))
 
     def _done(self, key: tuple[str, int], _: asyncio.Task[None]) -> None:
         self.running.pop(key, None)
+        self._tenants.pop(key, None)
 
     async def _validate(self, service: GenerationService, batches: list[BatchRow]) -> None:
         """``validating`` → ``in_progress``, or ``failed`` when a line names a model this
@@ -207,8 +211,13 @@ class BatchRunner:
                 service, principal, claim.endpoint, claim.body.encode(), request_id
             )
         except QuotaExceededError as error:
-            if error.reason != BUDGET_SPENT:
+            if error.reason != BUDGET_SPENT:  # a rate or concurrency quota frees up
                 raise _RetryLaterError(error.retry_after_s) from error
+            siblings = sum(t == claim.tenant_id for t in self._tenants.values()) - 1
+            if siblings > 0 and claim.attempt < BUDGET_ATTEMPTS:
+                # The tenant's other lines in flight may hold more of the budget reserved than
+                # they will use: look again shortly, a few times, before failing the line.
+                raise _RetryLaterError(self.settings.batch_poll_s) from error
             spent = ApiError(
                 429,
                 "The tenant's monthly token budget is exhausted; this line was not run.",
