@@ -31,7 +31,7 @@ from web.settings import Settings
 from web.tenancy_sql import SqlTenancy
 
 log = structlog.get_logger("atrium.batch")
-BUDGET_SPENT = "monthly_token_budget"
+BUDGET_SPENT = ("monthly_token_budget", "monthly_cost_budget")  # refusals that fail a line
 BUDGET_ATTEMPTS = 5  # claims of a line the budget refused while its siblings ran
 OPEN = ("validating", "in_progress", "cancelling", "finalizing")
 
@@ -115,7 +115,7 @@ class BatchRunner:
             errors = []
             for row in await self.store.finished_lines(batch.id):
                 model = _model_of(row.body)
-                if model and not service.runtime.serves(model):
+                if model and service.runtime_for(model) is None:
                     errors.append(
                         {
                             "code": "model_not_found",
@@ -211,7 +211,7 @@ class BatchRunner:
                 service, principal, claim.endpoint, claim.body.encode(), request_id
             )
         except QuotaExceededError as error:
-            if error.reason != BUDGET_SPENT:  # a rate or concurrency quota frees up
+            if error.reason not in BUDGET_SPENT:  # a rate or concurrency quota frees up
                 raise _RetryLaterError(error.retry_after_s) from error
             siblings = sum(t == claim.tenant_id for t in self._tenants.values()) - 1
             if siblings > 0 and claim.attempt < BUDGET_ATTEMPTS:
@@ -220,7 +220,7 @@ class BatchRunner:
                 raise _RetryLaterError(self.settings.batch_poll_s) from error
             spent = ApiError(
                 429,
-                "The tenant's monthly token budget is exhausted; this line was not run.",
+                f"The tenant's monthly budget is exhausted ({error}); this line was not run.",
                 code="insufficient_quota",
             )
             return batch_results.refusal(claim.custom_id, request_id, spent)
