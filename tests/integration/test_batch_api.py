@@ -229,6 +229,8 @@ def test_quota_refusals_wait_and_an_exhausted_budget_fails_lines(
     prompt = runtime.tokenizer.apply_chat_template([{"role": "user", "content": "b0"}])
     budget = 2 * (len(prompt) + 4) + 1  # room for two lines' reservations
     _, thrifty = run(seed(sqlite_url, spool, monthly_token_budget=budget))
+    _, spender = run(seed(sqlite_url, spool, monthly_cost_budget=budget))
+    run(_price_per_token(sqlite_url, tmp_path))
     with gateway(config, runtime) as http:
         # One request at a time: the other two claims are refused (429) and retried later.
         api = client(http, busy)
@@ -248,6 +250,26 @@ def test_quota_refusals_wait_and_an_exhausted_budget_fails_lines(
         assert {e["response"]["status_code"] for e in errors} == {429}
         assert {e["response"]["body"]["error"]["code"] for e in errors} == {"insufficient_quota"}
         assert "budget is exhausted" in errors[0]["response"]["body"]["error"]["message"]
+        # A money budget (one micro-unit a token) that covers two lines does the same.
+        api = client(http, spender)
+        lines = [chat_line(f"b{n}", MODEL, max_tokens=4) for n in range(4)]
+        done = wait_for(api, submit(api, lines).id, finished)
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
+        errors = file_lines(api, done.error_file_id)
+        assert "monthly cost budget" in errors[0]["response"]["body"]["error"]["message"]
+
+
+async def _price_per_token(url: str, tmp_path: Path) -> None:
+    db = await Database.connect(url)
+    domain = await TenantDomain.open(db, spool_path=tmp_path / "price.spool")
+    try:
+        per_token = PriceSet(
+            input_per_million=1_000_000, cached_input_per_million=1_000_000,
+            output_per_million=1_000_000, effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+        )  # fmt: skip
+        await domain.prices.set_price(MODEL, per_token)
+    finally:
+        await domain.close()
 
 
 def test_bad_uploads_and_batches_are_refused_with_4xx(
