@@ -134,6 +134,8 @@ async def check_fits(
     """A 400 when ``max_tokens`` is below the shortest answer ``spec`` allows."""
     if spec is None or max_tokens <= 0:  # a non-positive max_tokens is refused on its own
         return
-    if service.grammar_limits is None:
-        service.grammar_limits = GrammarLimits(service.runtime.tokenizer)
-    await service.grammar_limits.check_fits(spec, max_tokens, param)
+    runtime = service.runtime  # each served model has its own tokenizer
+    limits = service.grammar_limits.get(runtime.name)
+    if limits is None:
+        limits = service.grammar_limits[runtime.name] = GrammarLimits(runtime.tokenizer)
+    await limits.check_fits(spec, max_tokens, param)

@@ -92,10 +92,10 @@ def _headers(job: Job) -> dict[str, str]:
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> schemas.ModelList:
     principal = await _authenticate(request)
-    runtime = _service(request).runtime
-    visible = principal.allows_model(runtime.name, *runtime.aliases)
-    cards = [schemas.ModelCard(id=runtime.name, created=0)] if visible else []
-    adapters = _service(request).adapters
+    service = _service(request)
+    runtime = service.runtimes[0]  # adapters apply to the first served model
+    cards = [schemas.ModelCard(id=r.name, created=0) for r in service.visible_runtimes(principal)]
+    adapters = service.adapters
     if adapters is not None:  # the tenant's own adapters and those shared with every tenant
         for adapter in await adapters.list_adapters(principal.tenant_id):
             if principal.allows_model(adapter.name):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
     from web.structured_output import GrammarLimits
 
 log = structlog.get_logger("atrium.web")
+# The served model the request being handled was routed to: set by ``check_model`` in the
+# request's own task, so the tokenizer, context length and engine that follow are that model's.
+_ROUTED: contextvars.ContextVar[ModelRuntime | None] = contextvars.ContextVar(
+    "atrium_routed_model", default=None
+)
 
 
 class TokenizerLike(Protocol):
@@ -111,6 +117,7 @@ class Job:
     usage_task: asyncio.Task[None] | None = None
     choices: list[Choice] = field(default_factory=list)
     adapter: LoraAdapterInfo | None = None  # the LoRA adapter named in ``model``, if any
+    runtime: ModelRuntime | None = None  # the model (engine) serving it; None: the first
     _by_id: dict[str, Choice] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -135,7 +142,7 @@ class GenerationService:
 
     def __init__(
         self,
-        runtime: ModelRuntime,
+        runtime: ModelRuntime | Sequence[ModelRuntime],
         tenancy: Tenancy,
         metrics: GatewayMetrics,
         tracer: trace.Tracer,
@@ -145,7 +152,12 @@ class GenerationService:
         admission_concurrency: int = 1,
         trace_steps: bool = False,
     ) -> None:
-        self.runtime = runtime
+        # The served models, each with its own engine; the first is the default ``runtime``.
+        self.runtimes: list[ModelRuntime] = (
+            [runtime] if isinstance(runtime, ModelRuntime) else list(runtime)
+        )
+        if not self.runtimes:
+            raise ValueError("a generation service needs at least one model")
         # Spans are exported: ask the engine for a span per prefill chunk and decode step.
         self.trace_steps = trace_steps
         self.tenancy = tenancy
@@ -159,7 +171,7 @@ class GenerationService:
         self.admission_gate = FairGate(admission_concurrency)
         self.active: dict[str, Job] = {}
         # Shortest answers under grammars (web/structured_output.py), built on first use.
-        self.grammar_limits: GrammarLimits | None = None
+        self.grammar_limits: dict[str, GrammarLimits] = {}  # by served model name
         # The LoRA adapters tenants may name in ``model`` (tenants/lora_adapters.py); None where
         # no database backs the server (then only the base model is served).
         self.adapters: LoraAdapterService | None = None
@@ -175,28 +187,54 @@ class GenerationService:
         finally:
             self.num_arriving -= 1
 
+    @property
+    def runtime(self) -> ModelRuntime:
+        """The model the current request was routed to (``resolve_model``), else the first."""
+        current = _ROUTED.get()
+        if current is not None and any(current is served for served in self.runtimes):
+            return current
+        return self.runtimes[0]
+
+    @runtime.setter
+    def runtime(self, runtime: ModelRuntime) -> None:
+        self.runtimes[0] = runtime
+
+    def runtime_for(self, model: str) -> ModelRuntime | None:
+        """The served model answering to ``model`` (its name or an alias), if any."""
+        return next((runtime for runtime in self.runtimes if runtime.serves(model)), None)
+
+    def visible_runtimes(self, principal: Principal) -> list[ModelRuntime]:
+        """The served models ``principal`` may call (its key's and its tenant's lists)."""
+        return [r for r in self.runtimes if principal.allows_model(r.name, *r.aliases)]
+
     def check_model(self, model: str, principal: Principal | None = None) -> None:
-        """404 for a model this server does not serve, or one the key may not call (as OpenAI
-        answers for a model outside a project's allow-list: its existence is not revealed)."""
-        names = (self.runtime.name, *self.runtime.aliases)
-        allowed = principal is None or principal.allows_model(model, *names)
-        if not (self.runtime.serves(model) and allowed):
+        """Route the current request to the model ``model`` names; 404 for a model this server
+        does not serve, or one the key or its tenant may not call (as OpenAI answers for a model
+        outside a project's allow-list: its existence is not revealed)."""
+        runtime = self.runtime_for(model)
+        allowed = runtime is not None and (
+            principal is None or principal.allows_model(model, runtime.name, *runtime.aliases)
+        )
+        if runtime is None or not allowed:
             raise ApiError(
                 404,
                 f"The model `{model}` does not exist or you do not have access to it.",
                 code="model_not_found",
                 param="model",
             )
+        _ROUTED.set(runtime)
 
     async def resolve_model(self, model: str, principal: Principal) -> LoraAdapterInfo | None:
-        """The LoRA adapter ``model`` names for this tenant, or None for the base model; 404 for
-        anything else, another tenant's adapter included (its existence is not revealed)."""
-        if self.runtime.serves(model) or self.adapters is None:
+        """Route the request to what ``model`` names: a served model (None) or a LoRA adapter
+        of this tenant (on the first model); 404 for anything else, another tenant's adapter
+        included (its existence is not revealed). The one place a ``model`` field is read."""
+        if self.runtime_for(model) is not None or self.adapters is None:
             self.check_model(model, principal)
             return None
         adapter = await self.adapters.usable(principal.tenant_id, model)
         if adapter is None or not principal.allows_model(model):
             self.check_model(model, principal)  # raises: this server does not serve ``model``
+        _ROUTED.set(self.runtimes[0])
         return adapter
 
     def check_open(self) -> None:
@@ -275,6 +313,7 @@ class GenerationService:
         """Admit ``n`` choices of each prompt as one request: quotas see every prompt once and
         ``n`` times its max_tokens; a prompt's later choices wait for its first to compute it."""
         self.check_open()
+        runtime = self.runtime
         for _, params in prompts:
             params.validate()
             self._check_supported(params)
@@ -288,7 +327,7 @@ class GenerationService:
                 request_id,
                 num_prompt_tokens,
                 max_tokens,
-                model=self.runtime.name if adapter is None else adapter.name,
+                model=runtime.name if adapter is None else adapter.name,
             )
         spans = RequestSpans(
             self.tracer,
@@ -306,6 +345,7 @@ class GenerationService:
             spans,
             choices=choices,
             adapter=adapter,
+            runtime=runtime,
         )
         job.prompt_tokens = num_prompt_tokens
         self.active[request_id] = job
@@ -366,7 +406,7 @@ class GenerationService:
             status = "error"
             for choice in job.choices:
                 if choice.finish_reason is None:
-                    abort = self.runtime.engine.abort(choice.request_id)
+                    abort = self._runtime_of(job).engine.abort(choice.request_id)
                     self._spawn(self._maybe_await(abort))
                     choice.finish_reason = "error"
                     yield RequestOutput(
@@ -381,14 +421,14 @@ class GenerationService:
         finally:
             for choice in job.choices:
                 if choice.finish_reason is None:
-                    abort = self.runtime.engine.abort(choice.request_id)
+                    abort = self._runtime_of(job).engine.abort(choice.request_id)
                     self._spawn(self._maybe_await(abort))
             self._finalize(job, status)
 
     async def _merged(self, job: Job) -> AsyncGenerator[RequestOutput, None]:
         """One engine stream per choice, interleaved as outputs arrive (submitted in order, so
         a prompt's first choice reaches the engine before the siblings that wait for it)."""
-        engine = self.runtime.engine
+        engine = self._runtime_of(job).engine
         if len(job.choices) == 1:
             async for out in engine.generate(self._engine_request(job, job.choices[0])):
                 yield out
@@ -414,6 +454,9 @@ class GenerationService:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _runtime_of(self, job: Job) -> ModelRuntime:
+        return self.runtimes[0] if job.runtime is None else job.runtime
 
     def _account(self, job: Job, out: RequestOutput) -> None:
         now = time.monotonic()
@@ -452,7 +495,7 @@ class GenerationService:
         record = UsageRecord(
             request_id=job.request_id,
             tenant_id=job.tenant_id,
-            model=self.runtime.name if job.adapter is None else job.adapter.name,
+            model=self._runtime_of(job).name if job.adapter is None else job.adapter.name,
             status=status,
             started_at=job.started_at,
             finished_at=datetime.now(UTC),
@@ -492,9 +535,9 @@ class GenerationService:
         deadline = time.monotonic() + grace_s
         while self.active and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for request_id in list(self.active):
+        for request_id, job in list(self.active.items()):
             log.warning("request_aborted_on_shutdown", request_id=request_id)
-            await self._maybe_await(self.runtime.engine.abort(request_id))
+            await self._maybe_await(self._runtime_of(job).engine.abort(request_id))
         while self.active and time.monotonic() < deadline + 5.0:
             await asyncio.sleep(0.05)
         if self._tasks:
