@@ -246,3 +246,24 @@ def test_dropping_a_tenant_frees_its_adapters_pages_too(
     assert freed > 0 and engine.cache.pool.num_free_pages == before + freed
     left = {ns for ns, snap in engine.cache.stats().items() if snap.resident_pages}
     assert left == {adapter_namespace("other", "all")}
+
+
+def test_steps_without_adapter_rows_take_the_plain_path(
+    ours: LoadedModel, adapters: dict[str, Path]
+) -> None:
+    engine = _engine(ours, max_loras=2)
+    assert engine.lora is not None
+    calls: list[object] = []
+    build = engine.lora.step
+
+    def recording(*args: list[int]) -> LoraStep | None:
+        calls.append(args)
+        return build(*args)
+
+    engine.lora.step = recording  # type: ignore[method-assign]
+    engine.add_request(_request("b", _prompts(1, seed=2)[0], None, adapters, num_new=3))
+    _run(engine)
+    assert calls == []  # no adapter row: the step never builds a layout
+    engine.add_request(_request("l", _prompts(1, seed=2)[0], "all", adapters, num_new=3))
+    _run(engine)
+    assert len(calls) >= 3
