@@ -86,6 +86,16 @@ def new_batch_id() -> str:
     return f"batch_{secrets.token_hex(12)}"
 
 
+def line_request_id(batch_id: str, line: int, attempt: int) -> str:
+    """A line's request id for one attempt (each attempt is metered as its own request)."""
+    return f"{batch_id}-{line}-{attempt}"
+
+
+def batch_of_request(request_id: str) -> str | None:
+    """The batch a request id belongs to (None for an interactive request)."""
+    return request_id.split("-", 1)[0] if request_id.startswith("batch_") else None
+
+
 def check_metadata(metadata: dict[str, str] | None) -> None:
     if metadata is None:
         return

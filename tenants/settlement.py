@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, case, delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenants.batch_store import batch_of_request
 from tenants.cost_budget import price_at, used_cost
 from tenants.models import RateBucket, Reservation, TokenBudget
 from tenants.records import UsageEvent
@@ -104,6 +105,7 @@ def lost_event(held: Held, now: datetime) -> UsageEvent:
         tenant_id=held.tenant_id,
         key_id=held.key_id,
         model=held.model or UNKNOWN_MODEL,
+        batch_id=batch_of_request(held.request_id),  # a batch line is billed at batch price
         prompt_tokens=held.prompt_tokens,
         cached_tokens=0,
         completion_tokens=0,

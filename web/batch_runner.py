@@ -18,7 +18,7 @@ import msgspec
 import structlog
 from litestar.datastructures import State
 
-from tenants.batch_store import BatchStore, ClaimedLine
+from tenants.batch_store import BatchStore, ClaimedLine, line_request_id
 from tenants.errors import QuotaExceededError, TenantError
 from tenants.lease_keeper import LeaseKeeper
 from tenants.models import BatchRow
@@ -178,7 +178,7 @@ class BatchRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, service: GenerationService, claim: ClaimedLine) -> None:
-        request_id = f"{claim.batch_id}-{claim.line}-{claim.attempt}"
+        request_id = line_request_id(claim.batch_id, claim.line, claim.attempt)
         try:
             result = await self._result(service, claim, request_id)
         except asyncio.CancelledError:

@@ -11,8 +11,9 @@ import pytest
 
 from tenants import TenantDomain
 from tenants.batch_files import FileService
-from tenants.batch_store import BatchStore, ClaimedLine
+from tenants.batch_store import BatchStore, ClaimedLine, batch_of_request, line_request_id
 from tenants.errors import ConflictError, NotFoundError
+from tenants.models import UsageEventRow
 from tenants.schemas import TenantCreate
 from tests.integration.tenants.conftest import FakeClock, OpenDomain
 
@@ -126,5 +127,27 @@ def test_lines_a_gateway_holds_but_no_longer_runs_go_back(
             again = await store.claim(lease, 2)
             assert [(c.line, c.attempt) for c in again] == [(first.line, 2)]
             assert not await store.finish_line(first, "completed", {})  # its old claim is void
+
+    asyncio.run(scenario())
+
+
+def test_a_line_lost_with_its_gateway_is_metered_as_a_batch_line(
+    open_domain: OpenDomain, clock: FakeClock
+) -> None:
+    async def scenario() -> None:
+        async with open_domain() as domain:
+            store, batch_id = await _batch(domain, clock, 1)
+            dead = await domain.leases.acquire(10.0)
+            (claim,) = await store.claim(dead, 1)
+            ctx = await store.context_of(claim.tenant_id, claim.key_id)
+            request_id = line_request_id(batch_id, claim.line, claim.attempt)
+            await domain.admission.admit(ctx, request_id, 30, 10, model="m", lease_id=dead)
+            clock.advance(11.0)
+            assert await domain.leases.reclaim() == 1
+            async with domain.db.sessions() as session:
+                event = await session.get(UsageEventRow, request_id)
+            assert event is not None and event.status == "gateway_lost"
+            assert event.batch_id == batch_id  # priced at the batch discount
+            assert batch_of_request("chatcmpl-0123") is None
 
     asyncio.run(scenario())
