@@ -1,18 +1,25 @@
-"""Shared fixtures for the whole suite."""
+"""Shared fixtures for the whole suite.
+
+Imports stay inside the fixtures: tests/gpu runs on a GPU machine that has torch, pytest and
+FlashInfer but none of the loaders' packages (gguf, transformers), and this file loads there too.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from engine.model.loader import LoadedModel
-from tests.support.tiny_llama import make_tiny_llama
+if TYPE_CHECKING:
+    from engine.model.loader import LoadedModel
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama (2 layers, hidden 64, 4 heads, 2 KV heads) as an HF directory."""
+    from tests.support.tiny_llama import make_tiny_llama
+
     return make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
 
 
