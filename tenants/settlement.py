@@ -73,6 +73,8 @@ async def release(
     if held.cost > 0:
         price = await price_at(session, held.model, held.created_at)
         cost = min(held.cost, used_cost(price, charged - completion, cached, completion))
+        if price is not None and batch_of_request(held.request_id) is not None:
+            cost = cost * (100 - price.batch_discount_percent) // 100  # as the export bills it
     refund = max(0, held.tokens - charged)  # unused max_tokens flow back
     await session.execute(
         update(RateBucket)

@@ -5,16 +5,19 @@ and tenants see only their own batches."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import msgspec
 import pytest
+from sqlalchemy import select
 
 from tenants import TenantDomain
 from tenants.batch_files import FileService
 from tenants.batch_store import BatchStore, ClaimedLine, batch_of_request, line_request_id
 from tenants.errors import ConflictError, NotFoundError
-from tenants.models import UsageEventRow
-from tenants.schemas import TenantCreate
+from tenants.models import TokenBudget, UsageEventRow
+from tenants.records import PriceSet
+from tenants.schemas import Quotas, TenantCreate, Usage
 from tests.integration.tenants.conftest import FakeClock, OpenDomain
 
 LINES = 40
@@ -149,5 +152,31 @@ def test_a_line_lost_with_its_gateway_is_metered_as_a_batch_line(
             assert event is not None and event.status == "gateway_lost"
             assert event.batch_id == batch_id  # priced at the batch discount
             assert batch_of_request("chatcmpl-0123") is None
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_lines_money_is_charged_at_the_discount(
+    open_domain: OpenDomain, clock: FakeClock
+) -> None:
+    async def scenario() -> None:
+        async with open_domain() as domain:
+            price = PriceSet(
+                input_per_million=2_000_000, cached_input_per_million=500_000,
+                output_per_million=8_000_000, batch_discount_percent=50,
+                effective_from=clock.now - timedelta(days=1),
+            )  # fmt: skip
+            await domain.prices.set_price("m", price)
+            quotas = Quotas(monthly_cost_budget=1_000_000)
+            tenant = await domain.tenants.create(TenantCreate(name="acme", quotas=quotas))
+            _, secret = await domain.keys.create_key(tenant.id)
+            ctx = await domain.keys.authenticate(secret)
+            usage = Usage(prompt_tokens=1000, completion_tokens=1000)  # 2,000 + 8,000 in full
+            for request_id in ("chatcmpl-1", line_request_id("batch_ab", 0, 1)):
+                admitted = await domain.admission.admit(ctx, request_id, 1000, 1000, model="m")
+                assert await domain.admission.settle(admitted, usage)
+            async with domain.db.sessions() as session:
+                budget = await session.scalar(select(TokenBudget))
+            assert budget is not None and budget.cost_used == 10_000 + 5_000
 
     asyncio.run(scenario())
