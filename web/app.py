@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import structlog
 from litestar import Litestar, Router
 from litestar.datastructures import State
@@ -123,6 +124,73 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     return runtime, engine, engine.shutdown
 
 
+class EngineGroup:
+    """The engines of several served models, as the one ``app.state.engine`` others call:
+    a tenant's pages are dropped in every engine, and all of them must be running."""
+
+    def __init__(self, engines: Sequence[Any]) -> None:
+        self.engines = list(engines)
+
+    @property
+    def is_running(self) -> bool:
+        return all(getattr(engine, "is_running", True) for engine in self.engines)
+
+    def drop_tenant(self, tenant_id: str) -> None:
+        for engine in self.engines:
+            drop = getattr(engine, "drop_tenant", None)
+            if callable(drop):
+                drop(tenant_id)
+
+    def stats(self) -> Any:
+        return self.engines[0].stats()
+
+
+async def load_runtimes(settings: Settings) -> tuple[list[ModelRuntime], Any, Closer]:
+    """Every model ``settings.model`` names, each in its own engine with its own KV pool.
+
+    One after another, so that each engine sizes its pool from what the earlier ones left:
+    with N models each takes ``kv_cache_memory_fraction / N`` of the memory free when it
+    starts (or ``kv_cache_bytes`` each), so together they stay within the one fraction.
+    """
+    specs = settings.model_specs
+    if len(specs) == 1:
+        runtime, engine, close = await load_runtime(settings)
+        return [runtime], engine, close
+    from engine.kv_budget import default_memory_fraction
+
+    fraction = settings.kv_cache_memory_fraction
+    if fraction is None:
+        fraction = default_memory_fraction(settings.resolved_device.split(":")[0])
+    runtimes: list[ModelRuntime] = []
+    engines: list[Any] = []
+    closers: list[Closer] = []
+
+    async def close_all() -> None:
+        for close in reversed(closers):
+            await close()
+
+    try:
+        for name, path in specs:
+            one = msgspec.structs.replace(
+                settings,
+                model=path,
+                served_model_name=name,
+                kv_cache_memory_fraction=fraction / len(specs),
+            )
+            runtime, engine, close = await load_runtime(one)
+            runtimes.append(runtime)
+            engines.append(engine)
+            closers.append(close)
+    except BaseException:
+        await close_all()
+        raise
+    names = [runtime.name for runtime in runtimes]
+    if len(set(names)) != len(names):
+        await close_all()
+        raise ValueError(f"two served models have the same name: {names}")
+    return runtimes, EngineGroup(engines), close_all
+
+
 def engine_numbers(snapshot: Any) -> dict[str, object]:
     """The gauges /metrics shows, from the engine's snapshot."""
     total = int(getattr(snapshot, "num_pages_total", 0))
@@ -157,14 +225,15 @@ async def connect_tenancy(settings: Settings, state: State) -> tuple[Tenancy, Cl
 
 def create_app(
     settings: Settings,
-    engine: ModelRuntime | None = None,
+    engine: ModelRuntime | Sequence[ModelRuntime] | None = None,
     store: Tenancy | None = None,
     *,
     span_processor: SpanProcessor | None = None,
     include_admin: bool = True,
 ) -> Litestar:
-    """The gateway app. Without ``engine`` the model is loaded at startup from ``settings``;
-    without ``store`` the tenant database at ``settings.database_url`` is used."""
+    """The gateway app. Without ``engine`` (one served model, or several) the models are
+    loaded at startup from ``settings``; without ``store`` the tenant database at
+    ``settings.database_url`` is used."""
     admin = _admin_routers() if include_admin else []
     metrics = GatewayMetrics(per_tenant=settings.metrics_tenant_labels)
     provider = make_tracer_provider(settings.otlp_endpoint, span_processor)
@@ -184,19 +253,24 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         closers: list[Closer] = []
         try:
-            runtime = engine
-            if runtime is None:
-                runtime, raw_engine, close_engine = await load_runtime(settings)
+            if engine is None:
+                runtimes, raw_engine, close_engine = await load_runtimes(settings)
                 closers.append(close_engine)
                 app.state.engine = raw_engine
             else:
-                app.state.engine = runtime.engine
+                runtimes = [engine] if isinstance(engine, ModelRuntime) else list(engine)
+                app.state.engine = (
+                    runtimes[0].engine
+                    if len(runtimes) == 1
+                    else EngineGroup([r.engine for r in runtimes])
+                )
+            runtime = runtimes[0]
             tenancy = store
             if tenancy is None:
                 tenancy, close_tenancy = await connect_tenancy(settings, app.state)
                 closers.append(close_tenancy)
             service = GenerationService(
-                runtime,
+                runtimes,
                 tenancy,
                 metrics,
                 provider.get_tracer("atrium.web"),
@@ -215,7 +289,8 @@ def create_app(
             delivery = await start_prefix_delivery(app.state, runtime)
             if delivery is not None:
                 closers.append(delivery.stop)
-            log.info("gateway_ready", model=runtime.name, max_model_len=runtime.max_model_len)
+            for served in runtimes:
+                log.info("gateway_ready", model=served.name, max_model_len=served.max_model_len)
             yield
             await service.drain(settings.drain_grace_s)
             await tenancy.close()

@@ -87,6 +87,20 @@ def announce(settings: Settings | None, port: int) -> None:
         log.info("serve_ready", api_url=api_url, console_url=console_url, role=role)
 
 
+class Repeated(argparse.Action):
+    """A flag given several times: its values joined by commas, as one setting holds them."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        earlier = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values if earlier is None else f"{earlier},{values}")
+
+
 def register(subparsers: Any) -> None:
     """Add `serve` to the `atrium` command line."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -94,7 +108,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
-    parser.add_argument("--model", default=None, help="'default' or a model dir / .gguf file")
+    parser.add_argument(
+        "--model",
+        action=Repeated,
+        default=None,
+        help="'default' or a model dir / .gguf file, as PATH or NAME=PATH; repeat it to serve "
+        "several models, each in its own engine",
+    )
     parser.add_argument(
         "--served-model-name",
         dest="served_model_name",
@@ -170,8 +190,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--engine-url",
         dest="engine_url",
+        action=Repeated,
         default=None,
-        help="gateway role: the router (or one engine) to send generation to",
+        help="gateway role: the router (or one engine) to send generation to; with several "
+        "models, one NAME=URL per model (repeat the flag)",
     )
     parser.add_argument(
         "--gateway-url",

@@ -23,6 +23,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # "default", a model folder or .gguf file; several models (each its own engine, KV pool and
+    # served name) are separated by commas, each as PATH or NAME=PATH.
     model: str = "default"
     # The name /v1/models shows and requests use (None: the model file's or folder's name).
     served_model_name: str | None = None
@@ -111,6 +113,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         name = self.served_model_name
         if name is not None and not (0 < len(name) <= 256 and name.isprintable()):
             raise SettingsError("served_model_name must be 1 to 256 printable characters")
+        self._check_models()
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise SettingsError("dtype must be auto, bfloat16, float16 or float32")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -161,6 +164,32 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         self._check_role()
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
+
+    @property
+    def model_specs(self) -> list[tuple[str | None, str]]:
+        """The served models as (served name or None, model path), from ``model``."""
+        specs: list[tuple[str | None, str]] = []
+        for entry in self.model.split(","):
+            name, sep, path = entry.strip().partition("=") if "=" in entry else ("", "", entry)
+            specs.append((name.strip() if sep else None, path.strip()))
+        if len(specs) == 1 and specs[0][0] is None:
+            return [(self.served_model_name, specs[0][1])]
+        return specs
+
+    def _check_models(self) -> None:
+        if "=" not in self.model and "," not in self.model:
+            return
+        if self.served_model_name is not None:
+            raise SettingsError("with NAME=PATH or several models, name each as NAME=PATH")
+        names: list[str] = []
+        for name, path in self.model_specs:
+            if not path or (name is not None and not (0 < len(name) <= 256 and name.isprintable())):
+                raise SettingsError(f"model must be PATH or NAME=PATH, comma-separated: {path!r}")
+            names.append(name or path)
+        if len(set(names)) != len(names):
+            raise SettingsError("each served model needs its own name")
+        if len(names) > 1 and self.role == "engine":
+            raise SettingsError("the engine role serves one model: start one engine per model")
 
     def _check_role(self) -> None:
         if self.role not in ("all", "engine", "gateway"):
