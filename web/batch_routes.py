@@ -183,6 +183,11 @@ async def list_files(request: Request[Any, Any, Any]) -> dict[str, Any]:
     principal = await _authenticate(request, INFERENCE)
     files, _, _ = _services(request)
     limit = _limit(request)
+    if request.query_params.get("order", "desc") != "desc":
+        raise ApiError(
+            400, "Files are listed newest first only (order=desc).",
+            code="unsupported_parameter", param="order",
+        )  # fmt: skip
     purpose = request.query_params.get("purpose")
     after = request.query_params.get("after")
     found = await files.list_files(

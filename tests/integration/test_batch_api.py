@@ -314,6 +314,8 @@ def test_bad_uploads_and_batches_are_refused_with_4xx(
         form = http.post("/v1/files", content=b"{}", headers=auth)
         assert form.status_code == 400
         assert http.get("/v1/files?limit=0", headers=auth).status_code == 400
+        assert http.get("/v1/files?order=asc", headers=auth).status_code == 400
+        assert [f.id for f in api.files.list(order="desc", limit=1)] == [upload.id]
         assert http.post("/v1/files", headers={}).status_code == 401
         # A line whose model is not served fails the batch at validation.
         bad = api.files.create(file=("m.jsonl", jsonl([chat_line("a", "nope")])), purpose="batch")
