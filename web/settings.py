@@ -191,6 +191,35 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if len(names) > 1 and self.role == "engine":
             raise SettingsError("the engine role serves one model: start one engine per model")
 
+    @property
+    def engine_urls(self) -> list[tuple[str | None, str]]:
+        """``engine_url`` as (served model name or None, URL): URL, or NAME=URL per model."""
+        found: list[tuple[str | None, str]] = []
+        for raw in (self.engine_url or "").split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            if entry.startswith(("http://", "https://")) or "=" not in entry:
+                found.append((None, entry))
+            else:
+                name, _, url = entry.partition("=")
+                found.append((name.strip(), url.strip()))
+        return found
+
+    def _check_engine_names(self) -> None:
+        """Several models behind a gateway: one NAME=URL for each model's NAME=PATH."""
+        urls = self.engine_urls
+        if self.role != "gateway" or (len(urls) <= 1 and urls and urls[0][0] is None):
+            if self.role == "gateway" and len(self.model_specs) > 1:
+                raise SettingsError("with several models, give one --engine-url NAME=URL each")
+            return
+        names = [name or "" for name, _ in urls]
+        models = [name or "" for name, _ in self.model_specs]
+        if "" in names or len(set(names)) != len(names) or sorted(names) != sorted(models):
+            raise SettingsError(
+                "engine_url must name each served model once (NAME=URL), as model does (NAME=PATH)"
+            )
+
     def _check_role(self) -> None:
         if self.role not in ("all", "engine", "gateway"):
             raise SettingsError("role must be all, engine or gateway")
@@ -198,10 +227,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError(f"the {self.role} role needs ATRIUM_ENGINE_TOKEN")
         if self.role == "gateway" and not self.engine_url:
             raise SettingsError("the gateway role needs --engine-url (ATRIUM_ENGINE_URL)")
-        for name in ("engine_url", "gateway_url"):
-            url = getattr(self, name)
+        urls = [("gateway_url", self.gateway_url)]
+        urls += [("engine_url", url) for _, url in self.engine_urls]
+        for name, url in urls:
             if url is not None and not url.startswith(("http://", "https://")):
                 raise SettingsError(f"{name} must be an http:// or https:// URL")
+        self._check_engine_names()
         for name in ("engine_connect_timeout_s", "engine_read_timeout_s"):
             if not 0 < getattr(self, name) < math.inf:
                 raise SettingsError(f"{name} must be positive")

@@ -184,3 +184,59 @@ def test_repeated_model_flags_make_one_setting() -> None:
     flags = {name: getattr(args, name, None) for name in Settings.__struct_fields__}
     loaded = Settings.load(flags, environ={})
     assert loaded.model_specs == [("a", "/m/one"), ("b", "/m/two")]
+
+
+def test_gateway_role_sends_each_model_to_its_own_engine_url(
+    tiny_llama_dir: Path, second_model_dir: Path
+) -> None:
+    import httpx
+
+    from tests.integration.gateway_fakes import KEY_A, make_tenancy
+    from tests.integration.test_gateway_remote_engine import CutStream, frame
+    from web.engine_api.client import HttpEngineClient
+    from web.engine_api.gateway import remote_runtimes
+    from web.settings import Settings
+
+    config = settings(
+        role="gateway",
+        engine_token="secret",
+        model=f"small={tiny_llama_dir},big={second_model_dir}",
+        engine_url="big=http://big.test, small=http://small.test",
+    )
+    remotes = remote_runtimes(config)
+    assert [(r.name, c.url) for r, c in remotes] == [
+        ("small", "http://small.test"),
+        ("big", "http://big.test"),
+    ]
+    for bad in ("http://one.test", "small=http://s.test", "small=http://s.test,x=http://x.test"):
+        with pytest.raises(ValueError):
+            settings(role="gateway", engine_token="t", model=config.model, engine_url=bad)
+    plain = Settings.load({"role": "gateway", "engine_token": "t", "engine_url": "http://r:1"})
+    assert [c.url for _, c in remote_runtimes(plain)] == ["http://r:1"]
+
+    # The routed names reach their own engines: each answers with its own text.
+    hits: list[str] = []
+
+    def engine(name: str) -> httpx.MockTransport:
+        def answer(request: httpx.Request) -> httpx.Response:
+            hits.append(name)
+            frames = [frame(name, 1), frame("", 1, "stop"), b"data: [DONE]\n\n"]
+            return httpx.Response(200, stream=CutStream(frames, clean=True))
+
+        return httpx.MockTransport(answer)
+
+    runtimes = []
+    for runtime, client in remotes:
+        runtime.engine = HttpEngineClient(
+            client.url, "secret", runtime.tokenizer, runtime.name, transport=engine(runtime.name)
+        )
+        runtimes.append(runtime)
+    app = create_app(settings(), engine=runtimes, store=make_tenancy(), include_admin=False)
+    auth = {"Authorization": f"Bearer {KEY_A}"}
+    with TestClient(app) as client:
+        for model in ("big", "small", "big"):
+            body = {"model": model, "prompt": "hi", "max_tokens": 3}
+            done = client.post("/v1/completions", json=body, headers=auth)
+            assert done.status_code == 200, done.text
+            assert done.json()["choices"][0]["text"] == model
+    assert hits == ["big", "small", "big"]

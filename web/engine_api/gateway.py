@@ -14,6 +14,7 @@ import contextlib
 from typing import Any
 
 import httpx
+import msgspec
 import structlog
 from litestar import Litestar
 
@@ -103,33 +104,58 @@ def remote_runtime(settings: Settings) -> tuple[ModelRuntime, HttpEngineClient]:
     return runtime, client
 
 
+def remote_runtimes(settings: Settings) -> list[tuple[ModelRuntime, HttpEngineClient]]:
+    """Each served model with its own engine pool: ``--model NAME=PATH`` (the tokenizer) and
+    ``--engine-url NAME=URL`` (its router or engine); one plain URL serves the one model."""
+    urls = dict(settings.engine_urls)
+    if None in urls:
+        return [remote_runtime(settings)]
+    return [
+        remote_runtime(
+            msgspec.structs.replace(
+                settings, model=path, served_model_name=name, engine_url=urls[name]
+            )
+        )
+        for name, path in settings.model_specs
+    ]
+
+
 def create_gateway_app(settings: Settings) -> Litestar:
-    """The gateway app of all-in-one (``web.app.create_app``) around a remote engine."""
+    """The gateway app of all-in-one (``web.app.create_app``) around remote engines (one
+    router or engine per served model)."""
     from web.app import create_app
 
-    runtime, client = remote_runtime(settings)
-    app = create_app(settings, engine=runtime)
-    fleet: Fleet = client.fleet
+    remotes = remote_runtimes(settings)
+    app = create_app(settings, engine=[runtime for runtime, _ in remotes])
     tasks: list[asyncio.Task[None]] = []
 
     async def start() -> None:
-        client.start()
-        fleet.start()
-        following = asyncio.create_task(follow_engine(runtime, client))
-        tasks.append(following)
-        # Wait briefly so that the first requests already see the engine's name and limits.
+        following: list[tuple[asyncio.Task[None], HttpEngineClient]] = []
+        for runtime, client in remotes:
+            client.start()
+            client.fleet.start()
+            task = asyncio.create_task(follow_engine(runtime, client))
+            tasks.append(task)
+            following.append((task, client))
+        # Wait briefly so that the first requests already see the engines' names and limits.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(following), DESCRIBE_TIMEOUT_S)
-        if not following.done():
-            log.warning("engine_not_answering", url=client.url)
+            await asyncio.wait_for(
+                asyncio.shield(asyncio.gather(*(task for task, _ in following))),
+                DESCRIBE_TIMEOUT_S,
+            )
+        for task, client in following:
+            if not task.done():
+                log.warning("engine_not_answering", url=client.url)
 
     async def stop() -> None:
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await fleet.stop()
-        await client.shutdown()
+        for _, client in remotes:
+            fleet: Fleet = client.fleet
+            await fleet.stop()
+            await client.shutdown()
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
