@@ -53,6 +53,7 @@ const Atrium = (() => {
       else if (type === "utc") value = value === "" ? null : `${value.length === 16 ? `${value}:00` : value}Z`;
       else if (type === "hours") value = Math.round(Number(value) * 3600);
       else if (type === "money") value = Math.round(Number(value) * 1e6);
+      else if (type === "list") value = value.trim() === "" ? null : value.split(",").map((v) => v.trim()).filter(Boolean);
       else if (value === "" && input.tagName === "INPUT") continue;
       const path = input.name.split(".");
       let target = body;
