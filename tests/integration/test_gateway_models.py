@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -127,6 +128,23 @@ def test_two_models_routed_allowed_and_billed_per_model(gateway: Client) -> None
     # Different weights behind each name: the same greedy prompt answers differently, and
     # each model answers the same way again.
     assert small.json()["choices"][0]["text"] != big.json()["choices"][0]["text"]
+    streamed = gateway.post(
+        "/v1/completions",
+        json={
+            "model": "big",
+            "prompt": "the lighthouse keeper",
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        },
+        headers=beta_big_key,
+    )
+    frames = [f.removeprefix("data: ") for f in streamed.text.split("\n\n") if f]
+    chunks = [json.loads(f) for f in frames[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == big.json()["choices"][0]["text"]
+    # An adapter may not take a served model's name, the second one's included.
+    adapter = {"name": "big", "path": "/nowhere"}
+    assert_error(_admin(gateway, "POST", "/admin/v1/lora-adapters", json=adapter), 409)
     again = _complete(gateway, beta, "small")
     assert again.status_code == 200, again.text
     assert again.json()["choices"][0]["text"] == small.json()["choices"][0]["text"]
@@ -151,11 +169,13 @@ def test_two_models_routed_allowed_and_billed_per_model(gateway: Client) -> None
     for _ in range(100):  # the meter writes usage rows shortly after each answer
         export = _admin(gateway, "GET", "/admin/v1/billing/export", params=window)
         rows = list(csv.DictReader(io.StringIO(export.text)))
-        if sum(int(r["requests"]) for r in rows) == 3:
+        if sum(int(r["requests"]) for r in rows) == 4:
             break
         time.sleep(0.1)
     by = {(r["tenant_name"], r["model"]): r for r in rows}
-    assert sorted(by) == [("acme", "big"), ("acme", "small"), ("beta", "small")], export.text
+    assert sorted(by) == [
+        ("acme", "big"), ("acme", "small"), ("beta", "small"), ("gamma", "big")
+    ], export.text  # fmt: skip
     for (_, model), row in by.items():
         price_in, price_out = PRICES[model]
         expected = (

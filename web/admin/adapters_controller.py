@@ -31,11 +31,9 @@ def _service(request: AdminRequest) -> LoraAdapterService:
 def _check_folder(data: LoraAdapterCreate, request: AdminRequest) -> None:
     """Refuse a folder this server cannot serve now (400), and a name the base model has (409)."""
     generation = request.app.state.get("generation")
-    if generation is not None:
-        runtime = generation.runtime
-        if data.name in (runtime.name, *runtime.aliases):
-            raise ApiError(409, f"`{data.name}` is the base model's name.", code="conflict",
-                           param="name")  # fmt: skip
+    if generation is not None and generation.runtime_for(data.name) is not None:
+        raise ApiError(409, f"`{data.name}` is a served model's name.", code="conflict",
+                       param="name")  # fmt: skip
     folder = Path(data.path)
     if not folder.is_absolute():
         raise ApiError(400, "path must be an absolute folder path", code="invalid_request",
