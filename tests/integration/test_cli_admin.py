@@ -95,6 +95,12 @@ def test_tenants_are_listed_changed_suspended_and_deleted(cli: Cli) -> None:
     assert cleared["quotas"]["requests_per_minute"] is None
     money = cli.json("tenants", "update", tenant["id"], "--monthly-cost-budget", "25000000")
     assert money["quotas"]["monthly_cost_budget"] == 25_000_000
+    models = cli.json("tenants", "update", tenant["id"], "--models", "small, big")
+    assert models["quotas"]["models"] == ["small", "big"]
+    assert (
+        cli.json("tenants", "update", tenant["id"], "--models", "all")["quotas"]["models"] is None
+    )
+    assert "models" in cli("tenants", "update", tenant["id"], "--models", "a,a", status=2)
     assert cleared["quotas"]["kv_cache_share"] == 0.5  # untouched
     assert cli.json("tenants", "suspend", tenant["id"])["status"] == "suspended"
     assert cli.json("tenants", "resume", tenant["id"])["status"] == "active"
