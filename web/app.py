@@ -61,6 +61,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
 
     from engine.config import EngineConfig
 
+    settings = settings.single_model()
     device = settings.resolved_device
     config = EngineConfig(
         kv_cache_bytes=settings.kv_cache_bytes,

@@ -176,6 +176,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return [(self.served_model_name, specs[0][1])]
         return specs
 
+    def single_model(self) -> Settings:
+        """These settings for their one model, with NAME=PATH split into the name and path."""
+        (name, path), *more = self.model_specs
+        if more:
+            raise SettingsError("these settings name several models")
+        if path == self.model and name == self.served_model_name:
+            return self
+        return msgspec.structs.replace(self, model=path, served_model_name=name)
+
     def _check_models(self) -> None:
         if "=" not in self.model and "," not in self.model:
             return

@@ -190,6 +190,12 @@ def test_settings_name_each_model() -> None:
     config = settings(model="a=/m/one, b=/m/two")
     assert config.model_specs == [("a", "/m/one"), ("b", "/m/two")]
     assert settings(model="/m/one", served_model_name="x").model_specs == [("x", "/m/one")]
+    one = settings(model="a=/m/one").single_model()
+    assert (one.model, one.served_model_name) == ("/m/one", "a")
+    plain = settings(model="/m/one")
+    assert plain.single_model() is plain
+    with pytest.raises(ValueError):
+        config.single_model()
     for bad in ({"model": "a=/m/one,a=/m/two"}, {"model": "a=,b=/m"},
                 {"model": "a=/m,b=/n", "served_model_name": "x"}):  # fmt: skip
         with pytest.raises(ValueError):

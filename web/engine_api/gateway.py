@@ -82,6 +82,7 @@ def remote_runtime(settings: Settings) -> tuple[ModelRuntime, HttpEngineClient]:
     from engine.model.loader import load_tokenizer
     from web.app import engine_numbers
 
+    settings = settings.single_model()
     tokenizer, name = load_tokenizer(settings.model)
     name = settings.served_model_name or name
     client = HttpEngineClient(
