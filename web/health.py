@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, TypeGuard
 
 from litestar import Request, Response, get
 
@@ -67,10 +67,38 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     check_metrics_token(request)
     registry: GatewayMetrics = request.app.state.metrics
     generation = request.app.state.get("generation")
-    stats = generation.runtime.stats if generation is not None else None
-    if stats is not None:
-        registry.update_engine(stats())
+    runtimes = generation.runtimes if generation is not None else []
+    snapshots = [runtime.stats() for runtime in runtimes if runtime.stats is not None]
+    if snapshots:
+        registry.update_engine(summed(snapshots))
     return Response(registry.render(), media_type=CONTENT_TYPE)
+
+
+def summed(snapshots: list[dict[str, object]]) -> dict[str, object]:
+    """The engines of several served models as one: numbers added, per-tenant numbers added
+    tenant by tenant (what one engine lacks counts as nothing)."""
+    if len(snapshots) == 1:
+        return snapshots[0]
+    total: dict[str, object] = {}
+    for snapshot in snapshots:
+        for name, value in snapshot.items():
+            have = total.get(name)
+            if isinstance(value, dict):
+                merged: dict[str, object] = dict(have) if isinstance(have, dict) else {}
+                for key, number in value.items():
+                    before = merged.get(key, 0)
+                    if _number(number) and _number(before):
+                        merged[key] = before + number
+                total[name] = merged
+            elif _number(value):
+                total[name] = have + value if _number(have) else value
+            else:
+                total.setdefault(name, value)
+    return total
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 ROUTES = [healthz, readyz, metrics]

@@ -162,6 +162,13 @@ def test_two_models_routed_allowed_and_billed_per_model(gateway: Client) -> None
     )
     assert_error(refused, 400)
 
+    # /metrics counts both engines' KV pages.
+    pages = [engine.stats().num_pages_total for engine in gateway.app.state.engine.engines]
+    assert len(pages) == 2 and min(pages) > 0
+    shown = [line for line in gateway.get("/metrics").text.splitlines()
+             if line.startswith("atrium_kv_pages_total ")]  # fmt: skip
+    assert shown and float(shown[0].split()[1]) == sum(pages)
+
     now = datetime.now(UTC)
     window = {"start": (now - timedelta(days=1)).isoformat(),
               "end": (now + timedelta(days=1)).isoformat()}  # fmt: skip
