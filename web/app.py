@@ -143,7 +143,14 @@ class EngineGroup:
                 drop(tenant_id)
 
     def stats(self) -> Any:
-        return self.engines[0].stats()
+        """The engines' snapshots summed (pages, queues, counters, per-tenant numbers)."""
+        from engine.stats import EngineSnapshot
+        from web.engine_api.fleet import merge_snapshots
+
+        snapshots = [engine.stats() for engine in self.engines]
+        if all(isinstance(snapshot, EngineSnapshot) for snapshot in snapshots):
+            return merge_snapshots(snapshots)
+        return snapshots[0]
 
 
 async def load_runtimes(settings: Settings) -> tuple[list[ModelRuntime], Any, Closer]:

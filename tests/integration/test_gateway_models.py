@@ -168,6 +168,9 @@ def test_two_models_routed_allowed_and_billed_per_model(gateway: Client) -> None
     shown = [line for line in gateway.get("/metrics").text.splitlines()
              if line.startswith("atrium_kv_pages_total ")]  # fmt: skip
     assert shown and float(shown[0].split()[1]) == sum(pages)
+    engine_page = _admin(gateway, "GET", "/admin/v1/engine")
+    assert engine_page.status_code == 200, engine_page.text
+    assert engine_page.json()["kv_pages_total"] == sum(pages)
 
     now = datetime.now(UTC)
     window = {"start": (now - timedelta(days=1)).isoformat(),
