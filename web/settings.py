@@ -42,7 +42,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_num_seqs: int = 64
     # The KV pool: kv_cache_bytes when set, else kv_cache_memory_fraction of the memory free once
     # the model is loaded (None: 0.25 of host RAM on CPU, 0.9 of GPU memory), never more than
-    # max_num_seqs requests of the full context fill.
+    # max_num_seqs requests of the full context fill. With several models each engine takes
+    # kv_cache_bytes, or kv_cache_memory_fraction / N of the memory free when it starts.
     kv_cache_bytes: int | None = None
     kv_cache_memory_fraction: float | None = None
     max_model_len: int | None = None
