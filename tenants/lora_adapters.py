@@ -72,7 +72,9 @@ class LoraAdapterService:
         try:
             async with self._db.transaction() as session:
                 if tenant_id is not None:
-                    tenant = await session.get(Tenant, tenant_id)
+                    # No stored id holds NUL (PostgreSQL text cannot), so such a one is unknown.
+                    known = "\x00" not in tenant_id
+                    tenant = await session.get(Tenant, tenant_id) if known else None
                     if tenant is None or tenant.status == "deleted":
                         raise TenantNotFoundError(f"no tenant {tenant_id!r}")
                 taken = await session.scalar(

@@ -6,13 +6,31 @@ FlashInfer but none of the loaders' packages (gguf, transformers), and this file
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from engine.model.loader import LoadedModel
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts from structlog's defaults, with loggers never cached: a benchmark run
+    in-process leaves a warnings-only filter behind, and the gateway caches each logger's
+    configuration on first use; either would hide events from ``capture_logs``."""
+    import structlog
+
+    configure = structlog.configure
+
+    def uncached(**settings: Any) -> None:
+        configure(**{**settings, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", uncached)
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")

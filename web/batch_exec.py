@@ -7,12 +7,10 @@ the route would have sent. Refusals leave as exceptions for the runner to sort.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 
-from engine.outputs import RequestOutput
 from web import chat_tools
 from web import openai_schemas as schemas
 from web.errors import ApiError
@@ -34,11 +32,6 @@ async def run_line(
         return await _chat(service, principal, body, request_id)
     return await _completion(service, principal, body, request_id)
 
-
-async def _first(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
-    async for out in outputs:
-        return out
-    raise ApiError(503, "The engine ended the request without output.", code="engine_error")
 
 
 def _plain(value: Any) -> dict[str, Any]:
@@ -69,7 +62,7 @@ async def _chat(
         principal, "chat", request_id, [(prompt_ids, params)], n, adapter=adapter
     )
     outputs = service.outputs(job)
-    answers = await collect(service, job, await _first(outputs), outputs)
+    answers = await collect(service, job, await service.first_output(job, outputs), outputs)
     names = TokenNames(service.runtime.tokenizer)
     choices = []
     for answer in answers:
@@ -100,7 +93,7 @@ async def _completion(
     )
     echo = await echo_texts(service, job) if body.echo else None
     outputs = service.outputs(job)
-    answers = await collect(service, job, await _first(outputs), outputs)
+    answers = await collect(service, job, await service.first_output(job, outputs), outputs)
     names = TokenNames(service.runtime.tokenizer)
     choices = []
     for answer in answers:

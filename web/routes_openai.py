@@ -71,12 +71,6 @@ def _new_request_id(prefix: str) -> str:
     return request_id
 
 
-async def _first(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
-    """The first output, awaited before any byte is sent so that early failures are HTTP errors."""
-    async for out in outputs:
-        return out
-    raise ApiError(503, "The engine ended the request without output.", code="engine_error")
-
 
 async def _full_text(
     service: GenerationService, job: Job, first: RequestOutput, rest: AsyncIterator[RequestOutput]
@@ -136,7 +130,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             adapter,
         )
     outputs = service.outputs(job)
-    first = await _first(outputs)
+    first = await service.first_output(job, outputs)
     if body.stream:
         events = sse.chat_events(
             service,
@@ -189,7 +183,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         )
         echo = await echo_texts(service, job) if body.echo else None
     outputs = service.outputs(job)
-    first = await _first(outputs)
+    first = await service.first_output(job, outputs)
     if body.stream:
         events = sse.completion_events(
             service,

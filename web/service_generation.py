@@ -371,6 +371,20 @@ class GenerationService:
             lora_path=None if job.adapter is None else job.adapter.path,
         )
 
+    async def first_output(
+        self, job: Job, outputs: AsyncIterator[RequestOutput]
+    ) -> RequestOutput:
+        """The first output, awaited before any byte is sent so that early failures are HTTP
+        errors; a refusal is answered only once its usage is recorded (the slot is back)."""
+        try:
+            async for out in outputs:
+                return out
+        except EngineError:
+            await self.wait_recorded(job)
+            raise
+        await self.wait_recorded(job)
+        raise ApiError(503, "The engine ended the request without output.", code="engine_error")
+
     async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for all of ``job``'s choices (``job.choice_of`` tells whose),
         until every choice is finished; however this ends, the job is finalized once."""

@@ -26,6 +26,7 @@ from tenants.server_secrets import ensure_admin_token
 from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy, settings
 from tests.integration.pg_gateway import migrated_database
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
+from tests.support.lora import make_adapter
 from tests.support.postgres import pg_url
 from web import openai_schemas as schemas
 from web.app import create_app
@@ -233,9 +234,14 @@ def test_unknown_and_misspelled_fields_are_named_in_a_400(
     scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
 def admin_client(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_llama_dir: Path,
 ) -> Iterator[TestClient[Litestar]]:
-    """The admin API on each database: PostgreSQL refuses some text SQLite stores (NUL)."""
+    """The admin API on each database: PostgreSQL refuses some text SQLite stores (NUL).
+    A LoRA adapter's valid ``path`` is a real adapter folder on this machine."""
+    adapter = tmp_path_factory.mktemp("matrix_adapter") / "adapter"
+    VALID["path"] = str(make_adapter(tiny_llama_dir, adapter, 3, 2, 4.0, ["q_proj"]))
     with contextlib.ExitStack() as stack:
         if request.param == "sqlite":
             url = migrated_sqlite(tmp_path_factory.mktemp("matrix") / "admin.db")
@@ -314,7 +320,7 @@ def test_every_admin_api_body_field_refuses_bad_values_with_a_4xx(
     assert checked > 500
 
 
-VALID = {"currency": "USD", "text": "You are a helpful assistant."}
+VALID: dict[str, str] = {"currency": "USD", "text": "You are a helpful assistant."}
 _serial = iter(range(10**9))
 
 

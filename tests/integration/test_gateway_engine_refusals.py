@@ -130,7 +130,7 @@ def test_an_engine_refusal_is_recorded_and_costs_nothing(
     with client:
         for _ in range(2):  # the slot (max_concurrent_requests=1) came back after the first
             refused = client.post("/v1/completions", json=PROMPT, headers=auth)
-            assert refused.status_code == status
+            assert refused.status_code == status, refused.text
             assert refused.json()["error"]["code"] == code
     assert len(engine.calls) == 2
     events = asyncio.run(_events(database_url))
