@@ -33,7 +33,6 @@ async def run_line(
     return await _completion(service, principal, body, request_id)
 
 
-
 def _plain(value: Any) -> dict[str, Any]:
     result: dict[str, Any] = msgspec.to_builtins(value)
     return result

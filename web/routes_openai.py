@@ -71,7 +71,6 @@ def _new_request_id(prefix: str) -> str:
     return request_id
 
 
-
 async def _full_text(
     service: GenerationService, job: Job, first: RequestOutput, rest: AsyncIterator[RequestOutput]
 ) -> str:

@@ -371,9 +371,7 @@ class GenerationService:
             lora_path=None if job.adapter is None else job.adapter.path,
         )
 
-    async def first_output(
-        self, job: Job, outputs: AsyncIterator[RequestOutput]
-    ) -> RequestOutput:
+    async def first_output(self, job: Job, outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
         """The first output, awaited before any byte is sent so that early failures are HTTP
         errors; a refusal is answered only once its usage is recorded (the slot is back)."""
         try:
