@@ -236,6 +236,7 @@ class LLMEngine:
             arrival_index=self._num_arrivals,
             tenant_weight=request.tenant_weight,
             allow_public_prefix=request.allow_public_prefix and adapter is None,
+            background=request.background,
             generator=generator,
             publish=request.publish,
             lora=adapter,

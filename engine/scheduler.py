@@ -129,9 +129,10 @@ class Scheduler:
         # Unfinished prefills in the policy's order (the least-served tenant's first; the sort
         # is stable, so admission order within a tenant).
         prefills = sorted((r for r in self.running if r.num_remaining_tokens > 1), key=key)
-        deferred: list[Request] = []
+        decodes, deferred = self._yield_background(decodes, prefills)
         if self.target is not None:
-            decodes, deferred = self._defer_decodes_ahead(decodes, prefills)
+            decodes, ahead = self._defer_decodes_ahead(decodes, prefills)
+            deferred += ahead
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
         num_decodes = out.num_decodes = len(out.seqs)
@@ -171,6 +172,29 @@ class Scheduler:
         out.num_batched_tokens = self.max_num_batched_tokens - budget - held_back
         return out
 
+    def _pending_prompts(self, prefills: list[Request]) -> list[Request]:
+        """The prompts this step may run: the admitted ones, and the waiting head if a slot
+        is free for it."""
+        pending = list(prefills)
+        if len(self.running) < self._slot_limit:
+            head = self.policy.peek()
+            if head is not None:
+                pending.append(head)
+        return pending
+
+    def _yield_background(
+        self, decodes: list[Request], prefills: list[Request]
+    ) -> tuple[list[Request], list[Request]]:
+        """The decodes that run this step, and the background ones (Batch API lines) that sit
+        it out because a foreground prompt is waiting or being prefilled: that prompt's steps
+        are then as short as if the background work were not there. O(running)."""
+        if not any(r.background for r in decodes):
+            return decodes, []
+        if all(r.background for r in self._pending_prompts(prefills)):
+            return decodes, []
+        kept = [r for r in decodes if not r.background]
+        return kept, [r for r in decodes if r.background]
+
     def _defer_decodes_ahead(
         self, decodes: list[Request], prefills: list[Request]
     ) -> tuple[list[Request], list[Request]]:
@@ -184,11 +208,7 @@ class Scheduler:
         if lead is None or target is None or not decodes:
             return decodes, []
         served = self.policy.service
-        pending = list(prefills)
-        if len(self.running) < self._slot_limit:
-            head = self.policy.peek()
-            if head is not None:
-                pending.append(head)
+        pending = self._pending_prompts(prefills)
         if not pending:
             return decodes, []
         threshold = min(served(r.tenant_id) for r in pending) + lead

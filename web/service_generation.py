@@ -369,6 +369,7 @@ class GenerationService:
             # registered again under the same name never meets the old one's KV.
             lora_name=None if job.adapter is None else job.adapter.id,
             lora_path=None if job.adapter is None else job.adapter.path,
+            background=principal.background,
         )
 
     async def first_output(self, job: Job, outputs: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -228,7 +228,8 @@ class SqlTenancy:
         """A Batch API line's principal: the key's, at ``weight_fraction`` of the tenant's
         weight, so the line yields to the tenant's interactive requests."""
         principal = self._principal(ctx)
-        return replace(principal, weight=principal.weight * weight_fraction, batch_id=batch_id)
+        weight = principal.weight * weight_fraction
+        return replace(principal, weight=weight, batch_id=batch_id, background=True)
 
     def _principal(self, ctx: AuthContext) -> Principal:
         self._contexts[ctx.key_id] = ctx

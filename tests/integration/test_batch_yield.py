@@ -20,7 +20,7 @@ from web.tenancy import Principal
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 INTERACTIVE = Principal("acme", weight=1.0)
-BATCH = replace(INTERACTIVE, weight=INTERACTIVE.weight * 0.1, batch_id="batch_1")
+BATCH = replace(INTERACTIVE, weight=INTERACTIVE.weight * 0.1, batch_id="batch_1", background=True)
 _ids = itertools.count()
 
 
@@ -34,14 +34,14 @@ def _engine(tiny: LoadedModel) -> LLMEngine:
     return LLMEngine(tiny, config, prefix_cache_factory=RadixPrefixCache)
 
 
-def _submit(engine: LLMEngine, principal: Principal, tag: str) -> str:
+def _submit(engine: LLMEngine, principal: Principal, tag: str, prompt_len: int = 8) -> str:
     n = next(_ids)
     rid = f"{tag}{n}"
-    prompt = [3 + n % 50, 7, 9, 11, 13, 17, 19, 23]
+    prompt = [3 + n % 50, *(7 + (i * 13) % 200 for i in range(prompt_len - 1))]
     engine.add_request(
         GenerateRequest(
             rid, prompt, PARAMS, tenant_id=principal.engine_tenant_id,
-            tenant_weight=principal.weight,
+            tenant_weight=principal.weight, background=principal.background,
         )
     )  # fmt: skip
     return rid
@@ -86,3 +86,23 @@ def test_both_backlogged_the_interactive_requests_get_most_tokens(tiny: LoadedMo
     total = served["b"] + served["i"]
     assert total > 100, "the window must be long enough to measure a share"
     assert served["i"] / total > 0.75  # weight 1 against 0.1: about 10/11 when both wait
+
+
+def test_batch_decodes_sit_out_the_steps_of_an_interactive_prompt(tiny: LoadedModel) -> None:
+    config = EngineConfig(num_pages=128, max_num_batched_tokens=32, max_num_seqs=8)
+    engine = LLMEngine(tiny, config, prefix_cache_factory=RadixPrefixCache)
+    lines = {_submit(engine, BATCH, "b") for _ in range(4)}
+    for _ in range(3):  # the lines are admitted and decoding
+        engine.step()
+    interactive = _submit(engine, INTERACTIVE, "i", prompt_len=80)  # three chunks of 32
+    steps_until_first_token = 0
+    while True:
+        outputs = engine.step()
+        steps_until_first_token += 1
+        assert not lines & {o.request_id for o in outputs if o.num_output_tokens}, "a line decoded"
+        if any(o.request_id == interactive and o.num_output_tokens for o in outputs):
+            break
+        assert steps_until_first_token < 10
+    assert steps_until_first_token == 3
+    decoded = {o.request_id for o in engine.step() if o.num_output_tokens}
+    assert lines <= decoded  # the lines go on as soon as the prompt is done

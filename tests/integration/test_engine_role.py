@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from litestar.testing import TestClient
@@ -228,3 +229,34 @@ def test_a_lora_adapter_named_by_the_gateway_is_applied(
     sent = request_body(request, model, "hi")
     assert (sent["atrium_lora_id"], sent["atrium_lora_path"]) == ("la_1", "/srv/a")
     assert "atrium_lora_id" not in request_body(GenerateRequest("r", [1], params), model, "hi")
+
+
+def test_background_work_is_marked_from_the_gateway_to_the_engine(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine.outputs import GenerateRequest
+    from engine.sampling_params import SamplingParams
+    from web.engine_api.client import request_body
+
+    client, model = engine
+    params = SamplingParams(max_tokens=2)
+    line = request_body(GenerateRequest("r", [1, 2], params, background=True), model, "hi")
+    assert line["atrium_background"] is True
+    assert "atrium_background" not in request_body(GenerateRequest("r", [1], params), model, "hi")
+    runtime = client.app.state.generation.runtime
+    seen: list[GenerateRequest] = []
+    generate = runtime.engine.generate
+
+    def spy(request: GenerateRequest) -> Any:
+        seen.append(request)
+        return generate(request)
+
+    monkeypatch.setattr(runtime.engine, "generate", spy)
+    for flag in (True, False):
+        body = {"model": model, "prompt": "hi", "max_tokens": 2, "atrium_background": flag}
+        assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+    assert [r.background for r in seen] == [True, False]
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, "atrium_background": "yes"}
+    refused = client.post("/v1/completions", json=body, headers=AUTH)
+    assert refused.status_code == 400 and "atrium_background" in refused.text

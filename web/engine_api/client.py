@@ -52,6 +52,8 @@ def request_body(request: GenerateRequest, model: str, prompt_text: str) -> dict
     }
     if request.kv_cache_share is not None:
         body["atrium_kv_cache_share"] = request.kv_cache_share
+    if request.background:
+        body["atrium_background"] = True
     if request.lora_name is not None:
         body["atrium_lora_id"] = request.lora_name
         body["atrium_lora_path"] = request.lora_path

@@ -66,6 +66,7 @@ def _principal(fields: wire.TenantFields) -> Principal:
         weight=wire.weight_of(fields),
         allow_public_prefix=fields.atrium_allow_public_prefix is not False,
         kv_cache_share=wire.cache_share_of(fields),
+        background=fields.atrium_background is True,
     )
 
 

@@ -6,7 +6,8 @@ headers): ``cache_salt`` is the tenant's cache namespace (the field vLLM and the
 ``atrium_allow_public_prefix`` whether it may reuse public prefixes. ``atrium_prompt_token_ids``
 carries the prompt exactly as the gateway counted it (``prompt`` stays text, for the router's
 prefix matching) and ``atrium_sampling`` every sampling setting; ``atrium_lora_id`` and
-``atrium_lora_path`` name a registered LoRA adapter and its folder. The engine honours these only
+``atrium_lora_path`` name a registered LoRA adapter and its folder; ``atrium_background`` marks
+offline work (a Batch API line) whose decodes yield to other prompts. The engine honours these only
 from a caller holding the engine token; everything else is refused before the body is read.
 """
 
@@ -40,6 +41,7 @@ class EngineCompletionRequest(CompletionRequest, kw_only=True):
     atrium_sampling: dict[str, Any] | None = None
     atrium_lora_id: str | None = None
     atrium_lora_path: str | None = None
+    atrium_background: bool | None = None
 
 
 class EngineChatRequest(ChatCompletionRequest, kw_only=True):
@@ -53,6 +55,7 @@ class EngineChatRequest(ChatCompletionRequest, kw_only=True):
     atrium_sampling: dict[str, Any] | None = None
     atrium_lora_id: str | None = None
     atrium_lora_path: str | None = None
+    atrium_background: bool | None = None
 
 
 TenantFields = EngineCompletionRequest | EngineChatRequest
@@ -65,6 +68,7 @@ TENANT_FIELDS = (
     "atrium_sampling",
     "atrium_lora_id",
     "atrium_lora_path",
+    "atrium_background",
 )
 
 # What an engine's routes honour besides the tenant extension (``sampling_params`` of the OpenAI
