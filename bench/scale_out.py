@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import tempfile
 from dataclasses import asdict
@@ -91,10 +92,15 @@ def run_config(
     work = Path(tempfile.mkdtemp(dir=tmp))
     env = {**atrium_env(work), "ATRIUM_KV_CACHE_BYTES": str(args.kv_cache_mib * 2**20),
            "ATRIUM_DTYPE": args.dtype, "ATRIUM_LOG_LEVEL": "warning"}  # fmt: skip
+    # Engines sharing one machine split its cores: two engines each spinning as many threads as
+    # there are cores oversubscribe them and run 10-20x slower than one engine alone.
+    threads = str(max(1, (os.cpu_count() or 1) // engines))
+    engine_env = {**env, "ATRIUM_TORCH_THREADS": threads}
     servers: list[Server] = []
     try:
         pool = [
-            start_engine(str(args.model), free_port(), TOKEN, work, env) for _ in range(engines)
+            start_engine(str(args.model), free_port(), TOKEN, work, engine_env)
+            for _ in range(engines)
         ]
         servers += pool
         for engine in pool:

@@ -62,8 +62,9 @@ class LoraManager:
         """The step's layout from each flat row's slot (-1: none) and the sampled rows' indices;
         None when no row has an adapter, so such a step runs exactly as without adapters."""
         targets = self.slots.weights.targets
-        rows = LoraRows.build(row_slots, targets, self.device)
+        dtype = self.slots.weights.dtype
+        rows = LoraRows.build(row_slots, targets, self.device, dtype)
         if rows is None:
             return None
-        sampled = LoraRows.build([row_slots[r] for r in sampled_rows], targets, self.device)
+        sampled = LoraRows.build([row_slots[r] for r in sampled_rows], targets, self.device, dtype)
         return LoraStep(self.slots.weights, rows, sampled)

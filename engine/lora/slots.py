@@ -21,9 +21,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 class LoraWeights:
     """Per layer and group: A of every target stacked along the rank, ``a`` [slots, T * R, in],
-    and per target ``b`` [slots, out_t, R] (scale folded in), R the max rank; a lower rank and
-    an absent target are zeros (they add exactly nothing). ``columns`` gives each target's
-    (first column, width) in the fused projection's output."""
+    and per target ``b`` [slots, R, out_t] (B transposed, scale folded in), R the max rank; a
+    lower rank and an absent target are zeros (they add exactly nothing). The first ``s`` slots
+    of either are one contiguous [s * rows, cols] matrix. ``columns`` gives each target's (first
+    column, width) in the fused projection's output."""
 
     def __init__(
         self,
@@ -35,6 +36,7 @@ class LoraWeights:
     ) -> None:
         self.num_slots = num_slots
         self.max_rank = max_rank
+        self.dtype = dtype
         self.a: list[dict[str, torch.Tensor]] = []
         self.b: list[dict[str, list[torch.Tensor]]] = []
         self.columns: dict[str, list[tuple[int, int]]] = {}
@@ -54,7 +56,7 @@ class LoraWeights:
                 a_layer[group] = torch.zeros(shape, dtype=dtype, device=device)
                 b_layer[group] = [
                     torch.zeros(
-                        (num_slots, target_shape(config, t)[1], max_rank),
+                        (num_slots, max_rank, target_shape(config, t)[1]),
                         dtype=dtype,
                         device=device,
                     )
@@ -76,7 +78,7 @@ class LoraWeights:
             group = next(g for g, targets in GROUPS.items() if target in targets)
             t = GROUPS[group].index(target)
             self.a[layer][group][slot, t * big_r : t * big_r + r].copy_(a)
-            self.b[layer][group][t][slot, :, :r].copy_(b)
+            self.b[layer][group][t][slot, :r].copy_(b.t())
         self.targets[slot] = adapter.targets
 
 

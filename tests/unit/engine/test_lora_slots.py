@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.lora.adapter import LoraAdapter
-from engine.lora.batch import LoraRows
-from engine.lora.slots import AdapterSlots, LoraWeights
+from engine.lora.adapter import LoraAdapter, target_shape
+from engine.lora.batch import LoraRows, LoraStep
+from engine.lora.slots import GROUPS, AdapterSlots, LoraWeights
 from engine.model.config import ModelConfig
 from tests.support.tiny_llama import TINY_CONFIG
 
@@ -43,7 +43,7 @@ def test_pinned_slots_are_kept_and_idle_ones_go_oldest_first() -> None:
 def test_rows_layout_covers_each_adapter_row_once() -> None:
     targets = [frozenset({"o_proj"})] * 3
     row_slots = [-1, 2, 2, 0, -1, 2, 2, 2, 1, 2]
-    rows = LoraRows.build(row_slots, targets, torch.device("cpu"))
+    rows = LoraRows.build(row_slots, targets, torch.device("cpu"), dense_max=0)
     assert rows is not None
     assert sorted(rows.dest.tolist()) == [i for i, s in enumerate(row_slots) if s >= 0]
     gathered = rows.gather[rows.valid]
@@ -53,3 +53,40 @@ def test_rows_layout_covers_each_adapter_row_once() -> None:
         members = rows.gather[block * rows.block : (block + 1) * rows.block].tolist()
         assert all(row_slots[r] == slot for r in members)
     assert LoraRows.build([-1, -1], targets, torch.device("cpu")) is None
+
+
+def test_dense_and_block_products_add_each_rows_own_adapter() -> None:
+    config = ModelConfig.from_hf_dict({**TINY_CONFIG, "model_type": "llama"})
+    weights = LoraWeights(config, 4, 4, torch.float32, torch.device("cpu"))
+    torch.manual_seed(0)
+    adapters = []
+    for slot, (rank, targets) in enumerate(
+        [(4, GROUPS["qkv"] + GROUPS["gate_up"]), (2, ("k_proj", "up_proj")), (3, ("q_proj",))]
+    ):
+        deltas = {}
+        for target in targets:
+            fan_in, fan_out = target_shape(config, target)
+            deltas[(0, target)] = (torch.randn(rank, fan_in), torch.randn(fan_out, rank))
+        adapters.append(LoraAdapter(f"a{slot}", rank, 1.0, deltas))
+        weights.write(slot, adapters[-1])
+    row_slots = [-1, 2, 0, 2, 1, -1, 0, 0, 2]
+    for group in ("qkv", "gate_up", "o"):
+        fan_in = target_shape(config, GROUPS[group][0])[0]
+        width = sum(w for _, w in weights.columns[group])
+        x = torch.randn(len(row_slots), fan_in)
+        expected = torch.zeros(len(row_slots), width)
+        for row, slot in enumerate(row_slots):
+            if slot < 0:
+                continue
+            for target, (start, cols) in zip(GROUPS[group], weights.columns[group], strict=True):
+                if (0, target) in adapters[slot].weights:
+                    a, b = adapters[slot].weights[(0, target)]
+                    expected[row, start : start + cols] = x[row] @ a.t() @ b.t()
+        for dense_max in (0, 10**6):  # the blocks, then the dense products
+            rows = LoraRows.build(
+                row_slots, weights.targets, torch.device("cpu"), dense_max=dense_max
+            )
+            assert rows is not None and (rows.onehot is None) == (dense_max == 0)
+            out = torch.zeros(len(row_slots), width)
+            LoraStep(weights, rows, None).add(0, group, x, out)
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
