@@ -97,7 +97,7 @@ def test_json_object_regex_and_choice(tiny: LoadedModel) -> None:
         SamplingParams(max_tokens=30, temperature=1.0, seed=1, grammar=GrammarSpec("json")),
         SamplingParams(max_tokens=30, temperature=1.0, seed=2, grammar=GrammarSpec("json")),
         SamplingParams(max_tokens=12, temperature=0.0, grammar=GrammarSpec("regex", REGEX)),
-        SamplingParams(max_tokens=9, temperature=1.0, seed=3, grammar=GrammarSpec.choice(CHOICES)),
+        SamplingParams(max_tokens=16, temperature=1.0, seed=3, grammar=GrammarSpec.choice(CHOICES)),
         SamplingParams(max_tokens=30, temperature=0.0),  # unconstrained, in the same steps
     ]  # fmt: skip
     (obj1, _, _), (obj2, _, _), (regex, _, _), (choice, reason, _), (free, _, _) = generate(
