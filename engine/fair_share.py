@@ -6,8 +6,9 @@ returning from idle is lifted to the smallest counter among the tenants that are
 running (or, when none are, to the largest counter any tenant has reached: an idle engine banks
 nobody's credit), and wins the tie with the tenants at that counter until it is next served.
 Tenants within ``LEVEL_BAND`` of the least-served active one count as level; among level tenants
-the one with the fewest requests waiting or running goes first, so a tenant's short burst is not
-split evenly with a flood that arrives beside it. Beyond the band the counter alone decides,
+the one with several times fewer requests waiting or running goes first (``_request_class``), so
+a tenant's short burst is not split evenly with a flood that arrives beside it, and the counter
+orders the rest. Beyond the band the counter alone decides,
 whatever the tenants' requests cost: a tenant of long prompts and one of long answers each get
 their weight's share of the work, not of the slots. Tenants served ahead of the least-served one
 take at most their weighted share of a step's prefill budget (``prefill_caps``). Inside a tenant,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -38,6 +40,14 @@ PREEMPT_LEAD = 1024.0
 # out a step for a level tenant's prompt. Bounded: a tenant is never served ahead of one more
 # than this below it.
 LEVEL_BAND = 256.0
+
+
+def _request_class(num_requests: int) -> float:
+    """Requests in the engine on a scale of threes (0: none or 1, 1: 2-7, 2: 8-25, 3: 26-79,
+    ...): level tenants in a lower class go first, and within one class the counter decides, so
+    tenants keeping similar numbers of requests in flight are served by their weights while a
+    burst of two beside a flood of twenty still goes first."""
+    return float(math.floor(math.log(num_requests + 1, 3) + 1e-9))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,14 +116,14 @@ class FairSharePolicy(AdmissionPolicy):
         tenant = self._tenant(request)
         return self._key(request.tenant_id, tenant)
 
-    def _key(self, tenant_id: str, tenant: _Tenant) -> tuple[float, float, float]:
+    def _key(self, tenant_id: str, tenant: _Tenant) -> tuple[float, float, float, float]:
         counter = tenant.counter
-        if counter < self._floor + self.level_band:
-            counter = min(counter, self._floor)
+        banded = min(counter, self._floor) if counter < self._floor + self.level_band else counter
         return (
-            counter,
+            banded,
             float(not tenant.returning),
-            float(tenant.num_waiting + self._slots.get(tenant_id, 0)),
+            _request_class(tenant.num_waiting + self._slots.get(tenant_id, 0)),
+            counter,
         )
 
     @property
@@ -195,14 +205,14 @@ class FairSharePolicy(AdmissionPolicy):
 
     def _next_tenant(self, skip: Collection[str] = ()) -> _Tenant | None:
         best: _Tenant | None = None
-        best_key: tuple[tuple[float, float, float], int] | None = None
+        best_key: tuple[tuple[float, float, float, float], int] | None = None
         for tenant_id in self._backlogged:
             if tenant_id in skip:
                 continue
             tenant = self._tenants[tenant_id]
             self._drop_removed(tenant)
-            # Among level tenants, the one with the fewest requests in the engine goes first: a
-            # round of turns serves the small queues before the flood's.
+            # Among level tenants, one with several times fewer requests in the engine goes
+            # first: a round of turns serves the small queues before the flood's.
             key = (self._key(tenant_id, tenant), tenant.heap[0][1])
             if best_key is None or key < best_key:
                 best, best_key = tenant, key
