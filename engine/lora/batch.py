@@ -17,9 +17,10 @@ import torch
 from engine.lora.slots import GROUPS, LoraWeights
 
 # Rows times slots in use up to which a step takes the dense products: every row meets every
-# slot's A and B (zeros where it is not its own). On a 2-core Xeon (AMX, bfloat16) a decode step
-# of 32 rows under one adapter cost 35% more than the base step this way against 46% in blocks;
-# with 16 adapters the dense products' flops (58% of the base model's at rank 16) lose to blocks.
+# slot's A and B (zeros where it is not its own). On a 2-core Xeon (AMX; a bfloat16 model, the
+# deltas in float32 as LoraManager keeps them on CPU) a 32-row decode step under one adapter cost
+# 35-37% more than the base step this way against 46% in blocks; with 16 adapters the dense
+# products' flops (58% of the base model's at rank 16) lose to blocks.
 DENSE_MAX_ROW_SLOTS = 256
 
 
