@@ -4,9 +4,11 @@
 
 Regimes: "slots" keeps more requests in flight than the running batch holds (``--slots``
 running, each tenant ``--slots-in-flight``, no step-time target); "latency" keeps them all within
-the slots (64) and lets the engine's step-time target (the default, auto) form the queue. Each
-regime runs in both arrival orders (weight 1 first, weight 4 first). Prints JSON (each tenant's
-share over its weighted share; the flood's TTFT ratios) and writes PNG plots.
+the slots (``--latency-slots``) and lets the engine's step-time target (the default, auto) form
+the queue: each tenant keeps more in flight than its weighted share of what the target lets run.
+Each regime runs in both arrival orders (weight 1 first, weight 4 first), every run on fresh
+prompts. Prints JSON (each tenant's share over its weighted share; the flood's TTFT ratios) and
+writes PNG plots.
 """
 
 from __future__ import annotations
@@ -36,12 +38,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--parts", nargs="+", default=["weights", "flood"], choices=["weights", "flood"])
     add("--regimes", nargs="+", default=["slots", "latency"], choices=["slots", "latency"])
+    add(
+        "--orders",
+        nargs="+",
+        default=["w1", "w4"],
+        choices=["w1", "w4"],
+        help="arrival orders to run, by the first tenant (w1: 1, 2, 4; w4: 4, 2, 1)",
+    )
     add("--window", type=float, default=40.0, help="seconds of counted service per run")
     add("--warmup", type=float, default=12.0, help="seconds after the last tenant starts")
     add("--stagger", type=float, default=4.0, help="seconds between the tenants' starts")
     add("--slots", type=int, default=24, help="running batch of the slots regime")
     add("--slots-in-flight", type=int, default=24, help="per tenant, slots regime")
-    add("--latency-in-flight", type=int, default=16, help="per tenant, latency regime")
+    add("--latency-slots", type=int, default=128, help="running batch of the latency regime")
+    add(
+        "--latency-in-flight",
+        type=int,
+        default=32,
+        help="per tenant, latency regime: all "
+        "within its slots, and more than the step-time target lets run on a small CPU",
+    )
     add("--prompt-len", type=int, default=96)
     add("--output-len", type=int, default=48)
     add("--flood-rounds", type=int, default=2)
@@ -91,13 +107,14 @@ def run_weights(args: argparse.Namespace, load: Load) -> dict[str, Any]:
         settings = (
             {"ATRIUM_MAX_NUM_SEQS": str(args.slots), "ATRIUM_TARGET_TPOT_MS": "off"}
             if regime == "slots"
-            else {}
+            else {"ATRIUM_MAX_NUM_SEQS": str(args.latency_slots)}
         )
         in_flight = args.slots_in_flight if regime == "slots" else args.latency_in_flight
         with tempfile.TemporaryDirectory(prefix="atrium-fair-") as tmp:
             server = Server(args, Path(tmp), settings)
             try:
-                for order in (["w1", "w2", "w4"], ["w4", "w2", "w1"]):
+                orders = {"w1": ["w1", "w2", "w4"], "w4": ["w4", "w2", "w1"]}
+                for order in (orders[first] for first in args.orders):
                     run = weighted_run(
                         server.target,
                         load,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,13 @@ async def _poll_engine(
             await asyncio.sleep(1.0)
 
 
+def run_specs(load: Load, order: Sequence[str], tenant: str, count: int) -> list[RequestSpec]:
+    """A tenant's requests in the run of arrival ``order``: fresh prompts in every run. A tenant
+    sending the prompts it sent in an earlier run on the same server would find them cached,
+    pay a tenth of their cost and be given more requests for its weight."""
+    return _specs(load, tenant, count, seed=zlib.crc32(f"{','.join(order)}:{tenant}".encode()))
+
+
 def tokens_in(records: Sequence[RequestRecord], start: float, end: float) -> dict[str, int]:
     """Tokens each tenant received between ``start`` and ``end`` (client arrival times)."""
     out: dict[str, int] = {}
@@ -96,7 +104,7 @@ async def weighted_run(
     async def tenant_loop(i: int, tenant: str) -> list[RequestRecord]:
         await asyncio.sleep(stagger_s * i)
         deadline = window_end - time.perf_counter()
-        specs = _specs(load, tenant, in_flight * 64, seed=1000 + i)
+        specs = run_specs(load, order, tenant, in_flight * 64)
         return await run_closed_loop(target, specs, in_flight, deadline)
 
     poll = asyncio.create_task(_poll_engine(target.base_url, admin_token, window_end, samples))
