@@ -1,9 +1,10 @@
 """Decode throughput with LoRA adapters: batch 32 with 0, 1, 4 and 16 distinct adapters.
 
-python -m bench.lora [--adapters 0 1 4 16] [--batch 32] [--rank 16] [--tokens 32] [--repeats 3]
+python -m bench.lora [--adapters 0 1 4 16] [--batch 32] [--rank 16] [--targets ...] [--repeats 3]
 
-Random rank-``--rank`` adapters on every projection (q, k, v, o, gate, up, down) are written in
-PEFT's format to a temporary folder; ``--batch`` requests take them in turn (0: the base model
+Random rank-``--rank`` adapters on ``--targets`` (default every projection: q, k, v, o, gate, up,
+down; PEFT's own default for Llama models is ``q_proj v_proj``) are written in PEFT's format to a
+temporary folder; ``--batch`` requests take them in turn (0: the base model
 alone). Each trial prefills the batch (untimed), then times ``--tokens`` decode steps with every
 request running, greedy without drafts; the median over repeats is kept. The engine holds as
 many slots as the largest arm needs, so no arm reloads adapters. Goal: 16 adapters cost under
@@ -18,6 +19,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +47,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--adapters", type=int, nargs="+", default=[0, 1, 4, 16])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     parser.add_argument("--tokens", type=int, default=32, help="timed decode steps per trial")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     return parser.parse_args(argv)
 
 
-def write_adapter(folder: Path, config: ModelConfig, rank: int, seed: int) -> Path:
-    """A random PEFT-format adapter of ``config``'s model on every supported projection."""
+def write_adapter(
+    folder: Path, config: ModelConfig, rank: int, seed: int, targets: Sequence[str] = TARGETS
+) -> Path:
+    """A random PEFT-format adapter of ``config``'s model on ``targets``."""
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for layer in range(config.num_layers):
-        for target in TARGETS:
+        for target in targets:
             in_features, out_features = target_shape(config, target)
             part = "self_attn" if target in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
             key = f"base_model.model.model.layers.{layer}.{part}.{target}"
@@ -68,7 +73,7 @@ def write_adapter(folder: Path, config: ModelConfig, rank: int, seed: int) -> Pa
         "peft_type": "LORA",
         "r": rank,
         "lora_alpha": 2 * rank,
-        "target_modules": list(TARGETS),
+        "target_modules": list(targets),
     }
     (folder / "adapter_config.json").write_text(json.dumps(adapter_config))
     return folder
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         paths = [
-            write_adapter(Path(tmp) / f"bench-lora-{i}", loaded.config, args.rank, seed=i)
+            write_adapter(Path(tmp) / f"bench-lora-{i}", loaded.config, args.rank, i, args.targets)
             for i in range(max(args.adapters))
         ]
         run_arm(engine, prompt, min(args.batch, 2), 2, paths[:1])  # warm-up: loads a slot
@@ -150,6 +155,12 @@ def main(argv: list[str] | None = None) -> None:
             "dtype": args.dtype,
             "batch": args.batch,
             "rank": args.rank,
+            "targets": args.targets,
+            "adapter_params_over_base": ratio(
+                sum(sum(target_shape(loaded.config, t)) * args.rank for t in args.targets)
+                * loaded.config.num_layers,
+                sum(p.numel() for p in loaded.model.parameters()),
+            ),
             "tokens_per_trial": args.tokens,
             "repeats": args.repeats,
             "results": results,

@@ -36,6 +36,9 @@ class LoraRows(NamedTuple):
     block: int
     targets: frozenset[str]  # the targets any of these rows' adapters has
     onehot: torch.Tensor | None = None  # [rows, num_slots]: 1 at each row's slot; dense only
+    # Block i is slot i's only block, for every block: the slots' weights are used in place
+    # rather than gathered (a copy of every adapter in use, each projection of each step).
+    in_place: bool = False
 
     @classmethod
     def build(
@@ -71,7 +74,7 @@ class LoraRows(NamedTuple):
         gather: list[int] = []
         valid: list[int] = []
         dest: list[int] = []
-        for slot, rows in by_slot.items():
+        for slot, rows in sorted(by_slot.items()):
             for start in range(0, len(rows), block):
                 chunk = rows[start : start + block]
                 valid.extend(range(len(gather), len(gather) + len(chunk)))
@@ -82,7 +85,16 @@ class LoraRows(NamedTuple):
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
-        return cls(tensor(block_slots), tensor(gather), tensor(valid), tensor(dest), block, used)
+        in_place = block_slots == list(range(len(block_slots)))
+        return cls(
+            tensor(block_slots),
+            tensor(gather),
+            tensor(valid),
+            tensor(dest),
+            block,
+            used,
+            in_place=in_place,
+        )
 
 
 class LoraStep(NamedTuple):
@@ -110,7 +122,8 @@ class LoraStep(NamedTuple):
         weights = self.weights
         rank = weights.max_rank
         num_blocks = rows.block_slots.shape[0]
-        a = weights.a[layer][group].index_select(0, rows.block_slots)  # [blocks, T * R, in]
+        a = weights.a[layer][group]
+        a = a[:num_blocks] if rows.in_place else a.index_select(0, rows.block_slots)
         xs = x.index_select(0, rows.gather).to(a.dtype).view(num_blocks, rows.block, x.shape[1])
         h = torch.bmm(xs, a.transpose(1, 2))  # [blocks, block, T * R]
         for t, (target, (start, width)) in enumerate(
@@ -118,9 +131,12 @@ class LoraStep(NamedTuple):
         ):
             if target not in rows.targets:
                 continue
-            b = weights.b[layer][group][t].index_select(0, rows.block_slots)  # [blocks, R, out]
+            b = weights.b[layer][group][t]  # [slots, R, out]
+            b = b[:num_blocks] if rows.in_place else b.index_select(0, rows.block_slots)
             delta = torch.bmm(h[:, :, t * rank : (t + 1) * rank], b)
-            delta = delta.view(-1, width).index_select(0, rows.valid)  # [lora rows, out]
+            delta = delta.view(-1, width)  # [blocks * block, out]
+            if delta.shape[0] != rows.valid.shape[0]:  # drop the padding rows
+                delta = delta.index_select(0, rows.valid)
             out[:, start : start + width].index_add_(0, rows.dest, delta.to(out.dtype))
 
     def _add_dense(

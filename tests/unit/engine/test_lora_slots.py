@@ -3,6 +3,7 @@ and the per-row layout covers every adapter row exactly once."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.lora.adapter import LoraAdapter, target_shape
@@ -55,7 +56,16 @@ def test_rows_layout_covers_each_adapter_row_once() -> None:
     assert LoraRows.build([-1, -1], targets, torch.device("cpu")) is None
 
 
-def test_dense_and_block_products_add_each_rows_own_adapter() -> None:
+@pytest.mark.parametrize(
+    ("row_slots", "in_place"),
+    [
+        ([-1, 2, 0, 2, 1, -1, 0, 2, 2, 2, 2], False),  # slot 2 takes two blocks: gathered
+        ([1, 0, 2, -1, 2, 0, 1], True),  # one block per slot, slots 0..2: weights used in place
+    ],
+)
+def test_dense_and_block_products_add_each_rows_own_adapter(
+    row_slots: list[int], in_place: bool
+) -> None:
     config = ModelConfig.from_hf_dict({**TINY_CONFIG, "model_type": "llama"})
     weights = LoraWeights(config, 4, 4, torch.float32, torch.device("cpu"))
     torch.manual_seed(0)
@@ -69,7 +79,6 @@ def test_dense_and_block_products_add_each_rows_own_adapter() -> None:
             deltas[(0, target)] = (torch.randn(rank, fan_in), torch.randn(fan_out, rank))
         adapters.append(LoraAdapter(f"a{slot}", rank, 1.0, deltas))
         weights.write(slot, adapters[-1])
-    row_slots = [-1, 2, 0, 2, 1, -1, 0, 0, 2]
     for group in ("qkv", "gate_up", "o"):
         fan_in = target_shape(config, GROUPS[group][0])[0]
         width = sum(w for _, w in weights.columns[group])
@@ -87,6 +96,7 @@ def test_dense_and_block_products_add_each_rows_own_adapter() -> None:
                 row_slots, weights.targets, torch.device("cpu"), dense_max=dense_max
             )
             assert rows is not None and (rows.onehot is None) == (dense_max == 0)
+            assert rows.in_place == (in_place and dense_max == 0)
             out = torch.zeros(len(row_slots), width)
             LoraStep(weights, rows, None).add(0, group, x, out)
             torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
