@@ -61,7 +61,9 @@ def _apply_event(
     record: RequestRecord, data: dict[str, Any], now: float, texts: list[str] | None
 ) -> None:
     choices = data.get("choices") or []
-    text = choices[0].get("text") if choices else None
+    text = None
+    if choices:  # a completion's text, or a chat completion's content delta
+        text = choices[0].get("text") or (choices[0].get("delta") or {}).get("content")
     if text:
         record.token_times.append(now)
         if texts is not None:
@@ -84,17 +86,34 @@ async def send(
     """One streamed completion; errors are recorded, never raised. ``texts`` collects the text.
     A request still running at ``stop_at`` (``time.perf_counter()`` seconds) is cut off there and
     recorded as an error, with the tokens that had arrived."""
+    body = _body(target, spec)
+    return await stream_request(
+        client, target, spec.tenant, "/v1/completions", body, texts, stop_at
+    )
+
+
+async def stream_request(
+    client: httpx.AsyncClient,
+    target: Target,
+    tenant: str,
+    path: str,
+    body: dict[str, Any],
+    texts: list[str] | None = None,
+    stop_at: float = math.inf,
+) -> RequestRecord:
+    """One streamed request of ``body`` to ``path`` (completions or chat completions) as
+    ``tenant``; recorded as ``send`` records it."""
     headers = {}
-    key = target.keys.get(spec.tenant)
+    key = target.keys.get(tenant)
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    record = RequestRecord(spec.tenant, time.perf_counter())
-    url = target.base_url.rstrip("/") + "/v1/completions"
+    record = RequestRecord(tenant, time.perf_counter())
+    url = target.base_url.rstrip("/") + path
     remaining = stop_at - time.perf_counter()
     try:
         async with (
             asyncio.timeout(None if math.isinf(remaining) else max(remaining, 0.0)),
-            client.stream("POST", url, json=_body(target, spec), headers=headers) as resp,
+            client.stream("POST", url, json=body, headers=headers) as resp,
         ):
             if resp.status_code != 200:
                 await resp.aread()
@@ -117,7 +136,8 @@ async def send(
     return record
 
 
-def _client(timeout_s: float, limit: int) -> httpx.AsyncClient:
+def client_for(timeout_s: float, limit: int) -> httpx.AsyncClient:
+    """An HTTP client for ``limit`` requests at once, none slower than ``timeout_s``."""
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False)
 
@@ -132,7 +152,7 @@ async def run_closed_loop(
         queue.put_nowait(spec)
     records: list[RequestRecord] = []
     stop_at = time.perf_counter() + deadline_s
-    async with _client(deadline_s, concurrency) as client:
+    async with client_for(deadline_s, concurrency) as client:
 
         async def worker() -> None:
             while not queue.empty() and time.perf_counter() < stop_at:
@@ -156,7 +176,7 @@ async def run_poisson(
     rng = random.Random(seed)
     gate = asyncio.Semaphore(max_in_flight)
     stop_at = time.perf_counter() + deadline_s
-    async with _client(deadline_s, max_in_flight) as client:
+    async with client_for(deadline_s, max_in_flight) as client:
 
         async def one(spec: RequestSpec) -> RequestRecord:
             async with gate:
@@ -193,7 +213,7 @@ async def run_chat_sessions(
 ) -> list[RequestRecord]:
     """Each (tenant, messages) session sends its turns in order, the history growing each turn."""
     stop_at = time.perf_counter() + deadline_s
-    async with _client(deadline_s, max(len(sessions), 1)) as client:
+    async with client_for(deadline_s, max(len(sessions), 1)) as client:
 
         async def session(tenant: str, messages: Sequence[str]) -> list[RequestRecord]:
             history = ""

@@ -1,11 +1,14 @@
 """Atrium against vLLM's CPU build over HTTP, the same workloads on each server in turn.
 
-    python -m bench.serve_compare [--servers atrium vllm] [--tenants 2 --groups 2 --prompts 8]
-                                  [--rounds 3]
+    python -m bench.serve_compare [--servers atrium vllm] [--workloads realistic synthetic]
+                                  [--tenants 2 --groups 2 --prompts 8] [--rounds 3]
 
-Starts each server on 127.0.0.1 (never both at once), runs the suite
-(shared prefix at each concurrency, optional Poisson arrivals, multi-turn chat, one tenant
-flooding), stops it, then prints JSON with Atrium/vLLM ratios and writes PNG plots. With
+Starts each server on 127.0.0.1 (never both at once), runs the suite (realistic chat at
+``--realistic-concurrency``: documentation text under the chat template, half sampled, a third
+with a second turn, natural stops, see ``bench/chat_workload.py``; then the synthetic runs of
+vocabulary words with ``ignore_eos``: shared prefix at each concurrency, optional Poisson
+arrivals, multi-turn chat, one tenant flooding), stops it, then prints JSON with Atrium/vLLM
+ratios and writes PNG plots. ``atrium-nodrafts`` is Atrium with n-gram drafts off. With
 ``--rounds N`` the servers take turns N times (the order reversed every other round, so that a
 machine slowing down or speeding up over the run favours neither), each round's ratios are kept,
 and the headline ratios are their medians: on a shared machine one round's ratio can move by
@@ -45,7 +48,15 @@ from engine.device import dtype_name, resolve_dtype
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--servers", nargs="+", default=["atrium", "vllm"], choices=["atrium", "vllm"])
+    add(
+        "--servers",
+        nargs="+",
+        default=["atrium", "vllm"],
+        choices=["atrium", "vllm", "atrium-nodrafts"],
+    )
+    add("--workloads", nargs="+", default=["realistic", "synthetic"])
+    add("--realistic-concurrency", type=int, nargs="+", default=[8, 32])
+    add("--realistic-max-tokens", type=int, default=128)
     add("--tenants", type=int, default=2)
     add("--groups", type=int, default=2)
     add("--prompts", type=int, default=8)
@@ -95,9 +106,14 @@ def run_server(name: str, args: argparse.Namespace, config: SuiteConfig) -> dict
     with tempfile.TemporaryDirectory(prefix="atrium-bench-") as tmp:
         log_dir = args.out_dir / "logs"
         started = time.perf_counter()
-        if name == "atrium":
-            keys = create_tenant_keys(tenants, atrium_env(Path(tmp)))
-            server = start_atrium(args.model_dir, args.atrium_port, Path(tmp), log_dir, args.dtype)
+        if name.startswith("atrium"):
+            env = atrium_env(Path(tmp))
+            if name == "atrium-nodrafts":
+                env["ATRIUM_SPECULATIVE_TOKENS"] = "0"
+            keys = create_tenant_keys(tenants, env)
+            server = start_atrium(
+                args.model_dir, args.atrium_port, Path(tmp), log_dir, args.dtype, env
+            )
             wait_ready(server, "/readyz", 600)
             target = Target(server.base_url, args.model_dir.name, keys, extra)
         else:
@@ -119,7 +135,11 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Atrium / vLLM for the headline numbers of each run (>1: Atrium higher)."""
     if "atrium" not in results or "vllm" not in results:
         return {}
-    ours, theirs = results["atrium"], results["vllm"]
+    return ratios(results["atrium"], results["vllm"])
+
+
+def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """``ours`` over ``theirs`` for each run both have (>1: ours higher)."""
     out: dict[str, Any] = {}
     for run in ours["runs"]:
         other = theirs["runs"].get(run)
@@ -132,6 +152,8 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "ttft_p99": ratio(a["ttft_s"]["p99"], v["ttft_s"]["p99"]),
             "tpot_p50": ratio(a["tpot_s"]["p50"], v["tpot_s"]["p50"]),
         }
+    if not ours.get("flood") or not theirs.get("flood"):
+        return out
     out["flood_jain"] = {
         "atrium": ours["flood"]["jain_index"],
         "vllm": theirs["flood"]["jain_index"],
@@ -183,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         flood_factor=args.flood_factor,
         flood_concurrency=args.flood_concurrency,
         deadline_s=args.deadline,
+        workloads=tuple(args.workloads),
+        realistic_concurrency=tuple(args.realistic_concurrency),
+        realistic_max_tokens=args.realistic_max_tokens,
     )
     started = time.perf_counter()
     rounds = []
@@ -198,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
             compare(results) if len(rounds) == 1 else median_ratios([compare(r) for r in rounds])
         ),
         "rounds": len(rounds),
+        "drafts_over_nodrafts": [
+            ratios(r["atrium"], r["atrium-nodrafts"])
+            for r in rounds
+            if "atrium" in r and "atrium-nodrafts" in r
+        ],
         "seconds": time.perf_counter() - started,
     }
     report["plots"] = [str(p) for p in draw_plots(results, args.out_dir)]

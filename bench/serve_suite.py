@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.chat_workload import conversations, run_conversations
 from bench.loadgen import (
     Target,
     run_chat_sessions,
@@ -47,6 +49,15 @@ class SuiteConfig:
     flood_concurrency: int = 2
     flood_prompt_len: int = 256
     deadline_s: float = 300.0
+    workloads: tuple[str, ...] = ("realistic", "synthetic")
+    realistic_concurrency: tuple[int, ...] = (8, 32)
+    realistic_tenants: int = 4
+    realistic_max_tokens: int = 128
+
+
+def realistic_size(concurrency: int) -> int:
+    """Conversations in a realistic run: six per slot of concurrency, within the corpus."""
+    return min(6 * concurrency, 192)
 
 
 def _ttfts(records: Sequence[RequestRecord]) -> list[float]:
@@ -67,6 +78,28 @@ async def run_suite(target: Target, config: SuiteConfig) -> dict[str, Any]:
 
     runs: dict[str, Any] = {}
     ttfts: dict[str, list[float]] = {}
+    if "realistic" in config.workloads:
+        # Natural stops: whatever the suite's other runs send, these never ignore EOS.
+        chat_target = dataclasses.replace(target, extra_body={})
+        for i, concurrency in enumerate(config.realistic_concurrency):
+            items = conversations(
+                config.realistic_tenants,
+                realistic_size(concurrency),
+                seed=500 + i,
+                max_tokens=config.realistic_max_tokens,
+            )
+            records = await run_conversations(chat_target, items, concurrency, config.deadline_s)
+            name = f"realistic_chat_c{concurrency}"
+            runs[name] = {
+                "concurrency": concurrency,
+                "conversations": len(items),
+                "follow_ups": sum(len(c.turns) - 1 for c in items),
+                "sampled": sum(c.temperature > 0 for c in items),
+                **latency_summary(records),
+            }
+            ttfts[name] = _ttfts(records)
+    if "synthetic" not in config.workloads:
+        return {"runs": runs, "flood": None, "ttft_samples": ttfts}
     shape = config.shape
     # A fresh seed per run: nothing one run cached helps the next.
     for i, concurrency in enumerate(config.concurrency):

@@ -1,0 +1,169 @@
+"""Chat traffic that looks like users': real English text, the chat template, mixed sampling.
+
+The text is Python's own reference documentation as installed with it (``pydoc_data.topics``,
+under the PSF license), cut into passages at paragraph breaks. Each tenant has a system prompt
+(its instructions and a passage of its own, shared by all its conversations); each conversation
+asks about a fresh passage, half of them greedy and half sampled at temperature 0.7, and a third
+of them follow up with a second turn that carries the first answer. Requests go to
+``/v1/chat/completions`` streamed, with no ``ignore_eos``: answers end where the model ends them
+or at ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.loadgen import Target, client_for, stream_request
+from bench.metrics import RequestRecord
+
+INSTRUCTIONS = (
+    "Summarize this passage in three sentences.",
+    "What is the main point of this passage?",
+    "Explain this passage to someone new to programming.",
+    "List the key terms this passage defines, one per line.",
+    "Which part of this passage is the easiest to get wrong, and why?",
+)
+FOLLOW_UPS = (
+    "Can you give a short example?",
+    "Say that again more simply.",
+    "What should I read about next?",
+)
+SYSTEM = (
+    "You are the documentation assistant of team {tenant}. Answer briefly and precisely, and say "
+    "so when the documentation does not cover a question. The team's style notes follow.\n\n{notes}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    tenant: str
+    system: str
+    turns: tuple[str, ...]  # the user's messages, in order
+    temperature: float
+    max_tokens: int
+
+
+def passages(min_words: int = 60, max_words: int = 400) -> list[str]:
+    """The documentation's paragraphs joined into passages of ``min_words`` to ``max_words``
+    words, in a fixed order (the same on every run and machine with the same Python)."""
+    from pydoc_data.topics import topics
+
+    out: list[str] = []
+    for name in sorted(topics):
+        current: list[str] = []
+        count = 0
+        for paragraph in re.split(r"\n\s*\n", topics[name]):
+            words = len(paragraph.split())
+            if not words:
+                continue
+            if count + words > max_words and count >= min_words:
+                out.append("\n\n".join(current))
+                current, count = [], 0
+            if words > max_words:
+                continue  # a long code listing or table: not a passage
+            current.append(paragraph.strip())
+            count += words
+        if count >= min_words:
+            out.append("\n\n".join(current))
+    return out
+
+
+def conversations(
+    num_tenants: int,
+    num_conversations: int,
+    seed: int,
+    max_tokens: int = 128,
+    follow_up_fraction: float = 1 / 3,
+    sampled_fraction: float = 0.5,
+) -> list[Conversation]:
+    """``num_conversations`` conversations spread over ``num_tenants`` tenants (t0, t1, ...),
+    each on a passage no other conversation of the list uses."""
+    rng = random.Random(seed)
+    pool = passages()
+    if len(pool) < num_tenants + num_conversations:
+        raise ValueError(f"the corpus has {len(pool)} passages, fewer than the workload needs")
+    chosen = rng.sample(pool, num_tenants + num_conversations)
+    systems = [SYSTEM.format(tenant=f"t{t}", notes=chosen[t]) for t in range(num_tenants)]
+    out = []
+    for i in range(num_conversations):
+        tenant = i % num_tenants
+        passage = chosen[num_tenants + i]
+        first = f"{passage}\n\n{rng.choice(INSTRUCTIONS)}"
+        turns = (first, rng.choice(FOLLOW_UPS)) if rng.random() < follow_up_fraction else (first,)
+        temperature = 0.7 if rng.random() < sampled_fraction else 0.0
+        out.append(Conversation(f"t{tenant}", systems[tenant], turns, temperature, max_tokens))
+    return out
+
+
+def _messages(
+    conversation: Conversation, answers: Sequence[str], turn: int
+) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": conversation.system}]
+    for i in range(turn + 1):
+        messages.append({"role": "user", "content": conversation.turns[i]})
+        if i < turn:
+            messages.append({"role": "assistant", "content": answers[i]})
+    return messages
+
+
+def chat_body(
+    target: Target, conversation: Conversation, answers: Sequence[str], turn: int
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": target.model,
+        "messages": _messages(conversation, answers, turn),
+        "max_tokens": conversation.max_tokens,
+        "temperature": conversation.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if conversation.temperature > 0:
+        body["seed"] = zlib.crc32(conversation.turns[0].encode())
+    return body
+
+
+async def run_conversations(
+    target: Target,
+    items: Sequence[Conversation],
+    concurrency: int,
+    deadline_s: float = 600.0,
+) -> list[RequestRecord]:
+    """Keep ``concurrency`` conversations going until the list is done or the deadline passes;
+    a conversation's next turn is sent as soon as its answer has arrived."""
+    queue: asyncio.Queue[Conversation] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
+    records: list[RequestRecord] = []
+    stop_at = time.perf_counter() + deadline_s
+    async with client_for(deadline_s, concurrency) as client:
+
+        async def worker() -> None:
+            while not queue.empty() and time.perf_counter() < stop_at:
+                conversation = queue.get_nowait()
+                answers: list[str] = []
+                for turn in range(len(conversation.turns)):
+                    texts: list[str] = []
+                    body = chat_body(target, conversation, answers, turn)
+                    record = await stream_request(
+                        client,
+                        target,
+                        conversation.tenant,
+                        "/v1/chat/completions",
+                        body,
+                        texts,
+                        stop_at,
+                    )
+                    records.append(record)
+                    if not record.ok:
+                        break
+                    answers.append("".join(texts))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return records
