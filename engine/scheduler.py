@@ -129,7 +129,11 @@ class Scheduler:
         # Unfinished prefills in the policy's order (the least-served tenant's first; the sort
         # is stable, so admission order within a tenant).
         prefills = sorted((r for r in self.running if r.num_remaining_tokens > 1), key=key)
-        decodes, deferred = self._yield_background(decodes, prefills)
+        decodes, deferred, foreground_only = self._yield_background(decodes, prefills)
+        # Beside a foreground prompt, background prompts sit out as well (they keep their pages).
+        held = [r for r in prefills if r.background] if foreground_only else []
+        if held:
+            prefills = [r for r in prefills if not r.background]
         if self.target is not None:
             decodes, ahead = self._defer_decodes_ahead(decodes, prefills)
             deferred += ahead
@@ -147,26 +151,33 @@ class Scheduler:
         # Tenants served ahead of others take at most their share of the prefill budget (that
         # keeps steps short; within a step-time target they are short already, and capping a
         # small budget by weight would leave a light tenant's admitted prompts a few tokens a
-        # step while they hold their slots).
-        caps = self.policy.prefill_caps(budget) if self.target is None else None
+        # step while they hold their slots; while background work yields, its tenants would
+        # count as active and cap the foreground prompt that it yields to).
+        capped = self.target is None and not foreground_only
+        caps = self.policy.prefill_caps(budget) if capped else None
         for request in prefills:
             if budget == 0:
                 break
             if len(out.preempted) == num_fair_preemptions:
                 # A waiting request of a less-served tenant is admitted before this chunk runs.
-                budget = self._admit(out, budget, scheduled, caps, before=request)
+                budget = self._admit(out, budget, scheduled, caps, request, foreground_only)
             allowed = _allowed(budget, caps, request.tenant_id)
             used = allowed - self._run(request, allowed, out, scheduled)
             _spend(caps, request.tenant_id, used)
             budget -= used
         if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
-            budget = self._admit(out, budget, scheduled, caps)
-        if deferred and len(out.seqs) == num_decodes:
-            # The prompt they sat out for could not run (no pages, no slot): they run after all.
+            budget = self._admit(out, budget, scheduled, caps, None, foreground_only)
+        if (deferred or foreground_only) and len(out.seqs) == num_decodes:
+            # The prompt they sat out for could not run (no pages, no slot): they run after all,
+            # and so do the background prompts (they may hold the pages it waits for).
             budget, num_decodes = self._run_late_decodes(
                 deferred, out, budget + held_back, scheduled
             )
             held_back = 0
+            for request in held:
+                budget = self._run(request, budget, out, scheduled)
+            if foreground_only and len(out.preempted) == num_fair_preemptions:
+                budget = self._admit(out, budget, scheduled)
         if self.drafter is not None and budget > 0:
             budget = self._add_drafts(out, num_decodes, budget)
         out.num_batched_tokens = self.max_num_batched_tokens - budget - held_back
@@ -184,16 +195,17 @@ class Scheduler:
 
     def _yield_background(
         self, decodes: list[Request], prefills: list[Request]
-    ) -> tuple[list[Request], list[Request]]:
-        """The decodes that run this step, and the background ones (Batch API lines) that sit
-        it out because a foreground prompt is waiting or being prefilled: that prompt's steps
-        are then as short as if the background work were not there. O(running)."""
-        if not any(r.background for r in decodes):
-            return decodes, []
+    ) -> tuple[list[Request], list[Request], bool]:
+        """The decodes that run this step, the background ones (Batch API lines) that sit it out
+        because a foreground prompt is waiting or being prefilled, and whether background work
+        yields this step (its prompts and admissions wait too): that prompt's steps are then as
+        short as if the background work were not there. O(running)."""
+        if not any(r.background for r in self.running):
+            return decodes, [], False
         if all(r.background for r in self._pending_prompts(prefills)):
-            return decodes, []
+            return decodes, [], False
         kept = [r for r in decodes if not r.background]
-        return kept, [r for r in decodes if r.background]
+        return kept, [r for r in decodes if r.background], True
 
     def _defer_decodes_ahead(
         self, decodes: list[Request], prefills: list[Request]
@@ -346,18 +358,23 @@ class Scheduler:
         scheduled: set[str],
         caps: dict[str, int] | None = None,
         before: Request | None = None,
+        foreground_only: bool = False,
     ) -> int:
         """Admit waiting requests in the policy's order while budget and slots last, each
         tenant within its cap (``caps``, spent in place); with ``before`` (a running prefill),
         only those that come ahead of it: a lower service key, or an equal one of another tenant
         (a tenant back from idle is lifted to the counter of the tenant that kept the engine
-        busy, and must not queue behind that tenant's chunks)."""
+        busy, and must not queue behind that tenant's chunks). ``foreground_only`` passes over
+        the tenants whose next request is background work."""
         deferred: list[Request] = []
         skip = {t for t, cap in caps.items() if cap <= 0} if caps else set()
         while budget > 0 and len(self.running) < self._slot_limit:
             request = self.policy.peek(skip)
             if request is None:
                 break
+            if foreground_only and request.background:
+                skip.add(request.tenant_id)
+                continue
             if before is not None and not self._comes_before(request, before):
                 break
             if not self._acquire_adapter(request):

@@ -619,6 +619,55 @@ def test_background_decodes_sit_out_the_steps_of_a_foreground_prompt(fair: bool)
     sim.assert_no_leaks()
 
 
+@pytest.mark.parametrize("fair", [False, True])
+def test_background_prompts_and_admissions_sit_out_a_foreground_prompts_steps(fair: bool) -> None:
+    policy = FairSharePolicy() if fair else FifoPolicy()
+    sim = Simulation(make_cache(False, 512, 4), 16, 16, policy=policy)
+    # A long background prompt is being prefilled, 16 tokens a step, when a foreground one
+    # arrives; another background line waits to be admitted.
+    long_line = sim.add("line0", list(range(1000, 1120)), 4, tenant="t/batch")
+    long_line.background = True
+    sim.step()
+    assert 0 < long_line.num_computed_tokens < 120
+    talk = sim.add("talk", list(range(100, 140)), max_tokens=4, tenant="t")
+    queued = sim.add("line1", list(range(2000, 2010)), 4, tenant="t/batch")
+    queued.background = True
+    done = long_line.num_computed_tokens
+    num_steps = 0
+    while talk.num_output_tokens == 0:
+        ran = {s.request.request_id for s in sim.step().seqs}
+        assert ran == {"talk"}, ran
+        num_steps += 1
+    assert num_steps == 3  # 40 tokens at 16 a step: the whole budget went to the prompt
+    assert long_line.num_computed_tokens == done and queued.status is RequestStatus.WAITING
+    ran = {s.request.request_id for s in sim.step().seqs}  # no foreground prompt now
+    assert {"talk", "line0"} <= ran
+    sim.run()
+    assert all(r.is_finished for r in (long_line, talk, queued))
+    sim.assert_no_leaks()
+
+
+def test_background_prompts_run_while_the_foreground_prompt_cannot() -> None:
+    # Two slots, both background: the foreground prompt has no slot, so nothing of it can run
+    # and the background prompts go on (they may hold what it waits for).
+    sim = Simulation(make_cache(False, 512, 4), 16, 2)
+    lines = [
+        sim.add(f"line{i}", list(range(i * 100, i * 100 + 60)), 4, tenant="t/batch")
+        for i in range(2)
+    ]
+    for line in lines:
+        line.background = True
+    sim.step()
+    talk = sim.add("talk", list(range(900, 920)), max_tokens=2, tenant="t")
+    before = sum(r.num_computed_tokens for r in lines)
+    out = sim.step()
+    assert {s.request.request_id for s in out.seqs} <= {"line0", "line1"} and out.seqs
+    assert sum(r.num_computed_tokens for r in lines) > before
+    sim.run()
+    assert talk.is_finished
+    sim.assert_no_leaks()
+
+
 def test_background_decodes_run_while_the_foreground_prompt_has_no_slot() -> None:
     sim = Simulation(make_cache(False, 64, 4), 16, 4)  # FIFO: no slot is freed for it
     lines = [sim.add(f"line{i}", [i, 1, 2], 8, tenant="t/batch") for i in range(4)]
