@@ -129,9 +129,18 @@ async def weighted_run(
     }
 
 
-def _ttft_stats(records: Sequence[RequestRecord], tenant: str) -> dict[str, float]:
-    ttfts = [r.ttft for r in records if r.tenant == tenant and r.ok]
-    return {"p99": percentile(ttfts, 99), "max": max(ttfts, default=float("nan"))}
+def _ttft_stats(records: Sequence[RequestRecord], tenant: str) -> dict[str, Any]:
+    """A tenant's p99 and worst TTFT, and its three slowest first tokens with when (seconds
+    into the run) their requests were sent."""
+    ok = [r for r in records if r.tenant == tenant and r.ok]
+    ttfts = [r.ttft for r in ok]
+    start = min((r.sent_at for r in records), default=0.0)
+    slowest = sorted(ok, key=lambda r: r.ttft, reverse=True)[:3]
+    return {
+        "p99": percentile(ttfts, 99),
+        "max": max(ttfts, default=float("nan")),
+        "slowest": [{"sent_s": r.sent_at - start, "ttft_s": r.ttft} for r in slowest],
+    }
 
 
 async def flood_run(

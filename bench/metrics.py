@@ -101,7 +101,9 @@ def latency_summary(records: Sequence[RequestRecord]) -> dict[str, object]:
         "req_s": len(ok) / duration,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": out_tokens,
-        "cached_fraction": sum(r.cached_tokens for r in ok) / prompt_tokens if ok else 0.0,
+        "cached_fraction": sum(r.cached_tokens for r in ok) / prompt_tokens
+        if prompt_tokens
+        else 0.0,
         "ttft_s": summarize([r.ttft for r in ok]),
         "tpot_s": summarize(tpots),
         "itl_s": summarize(itls),
