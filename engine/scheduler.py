@@ -213,8 +213,9 @@ class Scheduler:
         """The decodes that run this step, and those that sit it out. Within a step-time target,
         the decodes of tenants served far more (``policy.decode_lead``) than a tenant whose
         prompt is waiting sit this step out, the most-served first, until the step has room for
-        that prompt: a flood's decodes then do not lengthen the first token of the tenants it
-        would crowd out, and its counter stands still while theirs catch up. O(running)."""
+        that prompt (when sitting out can make it fit at all): a flood's decodes then do not
+        lengthen the first token of the tenants it would crowd out, and its counter stands
+        still while theirs catch up. O(running)."""
         lead = self.policy.decode_lead
         target = self.target
         if lead is None or target is None or not decodes:
@@ -230,6 +231,12 @@ class Scheduler:
             key=lambda r: (served(r.tenant_id), r.admitted_index),
         )
         num_kept = len(decodes)
+        smallest = min(r.num_remaining_tokens for r in pending if served(r.tenant_id) <= threshold)
+        if target.prefill_budget(num_kept - len(ahead)) < smallest:
+            # Not even all of them sitting out would let one of these prompts end in this step
+            # (long prompts): they would sit out step after step, so none does, and the prompts
+            # go on at the prefill share every step has.
+            return decodes, []
         deferred: set[str] = set()
         while ahead and target.prefill_budget(num_kept) < demand:
             deferred.add(ahead.pop().request_id)

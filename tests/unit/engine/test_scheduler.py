@@ -587,6 +587,34 @@ def test_within_a_target_a_flooders_decodes_sit_out_a_step_for_a_less_served_pro
     fifo.assert_no_leaks()
 
 
+def test_within_a_target_no_decode_sits_out_for_a_prompt_no_step_could_hold() -> None:
+    # As above, but the quiet tenant's prompt is 400 tokens: even with every flood decode out,
+    # a step holds 170 of them, so the flood would sit out step after step. Nobody sits out;
+    # the prompt moves on at what the decodes leave (90 tokens a step).
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(
+        make_cache(False, 512, 4),
+        256,
+        16,
+        policy=FairSharePolicy(level_band=16.0, decode_lead=16.0),
+        target=target,
+    )
+    sim.add("quiet0", [9, 9, 9, 9], 60, tenant="quiet")
+    sim.step()
+    floods = [sim.add(f"flood{i}", [i, 1, 2, 3], 40, tenant="flood") for i in range(8)]
+    for _ in range(10):
+        sim.step()
+    long_prompt = sim.add("quiet1", list(range(200, 600)), max_tokens=4, tenant="quiet")
+    for _ in range(3):
+        out = sim.step()
+        ran = {s.request.request_id: s.num_new_tokens for s in out.seqs}
+        assert out.num_decodes == 9 and {f.request_id for f in floods} <= set(ran)
+        assert ran["quiet1"] == target.prefill_budget(9)  # ~90
+    sim.run()
+    assert long_prompt.is_finished
+    sim.assert_no_leaks()
+
+
 @pytest.mark.parametrize("fair", [False, True])
 def test_background_decodes_sit_out_the_steps_of_a_foreground_prompt(fair: bool) -> None:
     policy = FairSharePolicy() if fair else FifoPolicy()
