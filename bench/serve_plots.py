@@ -13,49 +13,11 @@ def draw_plots(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
     paths: list[Path] = []
     if not results:
         return paths
-    first = next(iter(results.values()))
-    realistic = [name for name in first["runs"] if name.startswith("realistic_chat_c")]
-    if realistic:
-        xs = [first["runs"][name]["concurrency"] for name in realistic]
-        series = {
-            server: [r["runs"][name]["output_tok_s"] for name in realistic if name in r["runs"]]
-            for server, r in results.items()
-        }
-        paths.append(
-            lines(
-                xs,
-                series,
-                "realistic chat output tok/s by concurrency",
-                "concurrency",
-                "output tokens/s",
-                out_dir / "serve_realistic_throughput.png",
-            )
-        )
-        last = realistic[-1]
-        samples = {s: r["ttft_samples"].get(last, []) for s, r in results.items()}
-        paths.append(
-            cdfs(samples, f"TTFT, {last}", "seconds", out_dir / "serve_realistic_ttft_cdf.png")
-        )
-    sweep = [name for name in first["runs"] if name.startswith("shared_prefix_c")]
-    if sweep:
-        xs = [first["runs"][name]["concurrency"] for name in sweep]
-        series = {
-            server: [r["runs"][name]["output_tok_s"] for name in sweep if name in r["runs"]]
-            for server, r in results.items()
-        }
-        paths.append(
-            lines(
-                xs,
-                series,
-                "shared-prefix output tok/s by concurrency",
-                "concurrency",
-                "output tokens/s",
-                out_dir / "serve_throughput.png",
-            )
-        )
-        last = sweep[-1]
-        samples = {s: r["ttft_samples"].get(last, []) for s, r in results.items()}
-        paths.append(cdfs(samples, f"TTFT, {last}", "seconds", out_dir / "serve_ttft_cdf.png"))
+    for prefix, title, stem in (
+        ("realistic_chat_c", "realistic chat", "serve_realistic"),
+        ("shared_prefix_c", "shared-prefix", "serve"),
+    ):
+        paths += _sweep_plots(results, prefix, title, out_dir, stem)
     for server, r in results.items():
         if not r.get("flood"):
             continue
@@ -69,3 +31,31 @@ def draw_plots(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
             )
         )
     return paths
+
+
+def _sweep_plots(
+    results: dict[str, dict[str, Any]], prefix: str, title: str, out_dir: Path, stem: str
+) -> list[Path]:
+    """Output tok/s by concurrency and the TTFT CDFs at the highest, for the runs named
+    ``prefix`` + concurrency; none when the first server ran none."""
+    first = next(iter(results.values()))
+    sweep = [name for name in first["runs"] if name.startswith(prefix)]
+    if not sweep:
+        return []
+    xs = [first["runs"][name]["concurrency"] for name in sweep]
+    series = {
+        server: [r["runs"][name]["output_tok_s"] for name in sweep if name in r["runs"]]
+        for server, r in results.items()
+    }
+    throughput = lines(
+        xs,
+        series,
+        f"{title} output tok/s by concurrency",
+        "concurrency",
+        "output tokens/s",
+        out_dir / f"{stem}_throughput.png",
+    )
+    last = sweep[-1]
+    samples = {s: r["ttft_samples"].get(last, []) for s, r in results.items()}
+    ttft = cdfs(samples, f"TTFT, {last}", "seconds", out_dir / f"{stem}_ttft_cdf.png")
+    return [throughput, ttft]
