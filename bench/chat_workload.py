@@ -11,15 +11,15 @@ or at ``max_tokens``.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.loadgen import Target, client_for, stream_request
+import httpx
+
+from bench.loadgen import Target, run_workers, stream_request
 from bench.metrics import RequestRecord
 
 INSTRUCTIONS = (
@@ -136,33 +136,23 @@ async def run_conversations(
 ) -> list[RequestRecord]:
     """Keep ``concurrency`` conversations going until the list is done or the deadline passes;
     a conversation's next turn is sent as soon as its answer has arrived."""
-    queue: asyncio.Queue[Conversation] = asyncio.Queue()
-    for item in items:
-        queue.put_nowait(item)
-    records: list[RequestRecord] = []
-    stop_at = time.perf_counter() + deadline_s
-    async with client_for(deadline_s, concurrency) as client:
 
-        async def worker() -> None:
-            while not queue.empty() and time.perf_counter() < stop_at:
-                conversation = queue.get_nowait()
-                answers: list[str] = []
-                for turn in range(len(conversation.turns)):
-                    texts: list[str] = []
-                    body = chat_body(target, conversation, answers, turn)
-                    record = await stream_request(
-                        client,
-                        target,
-                        conversation.tenant,
-                        "/v1/chat/completions",
-                        body,
-                        texts,
-                        stop_at,
-                    )
-                    records.append(record)
-                    if not record.ok:
-                        break
-                    answers.append("".join(texts))
+    async def converse(
+        client: httpx.AsyncClient, conversation: Conversation, stop_at: float
+    ) -> list[RequestRecord]:
+        records: list[RequestRecord] = []
+        answers: list[str] = []
+        for turn in range(len(conversation.turns)):
+            texts: list[str] = []
+            body = chat_body(target, conversation, answers, turn)
+            path = "/v1/chat/completions"
+            record = await stream_request(
+                client, target, conversation.tenant, path, body, texts, stop_at
+            )
+            records.append(record)
+            if not record.ok:
+                break
+            answers.append("".join(texts))
+        return records
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return records
+    return await run_workers(items, converse, concurrency, deadline_s)

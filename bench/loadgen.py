@@ -11,9 +11,9 @@ import json
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -21,6 +21,7 @@ import httpx
 from bench.metrics import RequestRecord
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+Item = TypeVar("Item")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,16 +148,34 @@ async def run_closed_loop(
 ) -> list[RequestRecord]:
     """Keep ``concurrency`` requests in flight until the list is done or ``deadline_s`` passes;
     requests still running then are cut off and recorded as errors."""
-    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
-    for spec in specs:
-        queue.put_nowait(spec)
+
+    async def one(
+        client: httpx.AsyncClient, spec: RequestSpec, stop_at: float
+    ) -> list[RequestRecord]:
+        return [await send(client, target, spec, stop_at=stop_at)]
+
+    return await run_workers(specs, one, concurrency, deadline_s)
+
+
+async def run_workers(
+    items: Sequence[Item],
+    handle: Callable[[httpx.AsyncClient, Item, float], Awaitable[list[RequestRecord]]],
+    concurrency: int,
+    deadline_s: float,
+) -> list[RequestRecord]:
+    """``concurrency`` workers take ``items`` in order, each handled to its records by
+    ``handle(client, item, stop_at)``, until the list is done or ``deadline_s`` passes (no item
+    starts after that, and ``handle`` cuts off what runs at ``stop_at``)."""
+    queue: asyncio.Queue[Item] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
     records: list[RequestRecord] = []
     stop_at = time.perf_counter() + deadline_s
     async with client_for(deadline_s, concurrency) as client:
 
         async def worker() -> None:
             while not queue.empty() and time.perf_counter() < stop_at:
-                records.append(await send(client, target, queue.get_nowait(), stop_at=stop_at))
+                records.extend(await handle(client, queue.get_nowait(), stop_at))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records

@@ -33,8 +33,9 @@ class GenerateRequest:
     lora_path: str | None = None
     # Record the engine steps this request is in (``RequestOutput.steps``): only when traced.
     trace_steps: bool = False
-    # Offline work (a Batch API line): its decodes sit out every step in which a prompt of
-    # foreground work waits or is prefilled, so that prompt's first token comes as if alone.
+    # Offline work (a Batch API line): its decodes, prompt chunks and admission sit out every
+    # step in which a prompt of foreground work waits or is prefilled, so that prompt's first
+    # token comes as if alone.
     background: bool = False
 
 

@@ -43,7 +43,7 @@ class Request:
     arrival_index: int  # admission order among all requests (monotonic)
     tenant_weight: float = 1.0
     allow_public_prefix: bool = True
-    background: bool = False  # yields its decodes to foreground prompts (GenerateRequest)
+    background: bool = False  # yields its steps to foreground prompts (GenerateRequest)
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)

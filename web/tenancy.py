@@ -37,8 +37,8 @@ class Principal:
     models: tuple[str, ...] | None = None  # the models the key may call; None: every model
     # Set on a Batch API line's principal (its weight is then a fraction of the tenant's).
     batch_id: str | None = None
-    # Offline work (a Batch API line, here or at the gateway that sent it): its decodes yield
-    # to foreground prompts in the engine.
+    # Offline work (a Batch API line, here or at the gateway that sent it): its steps yield to
+    # foreground prompts in the engine.
     background: bool = False
 
     @property

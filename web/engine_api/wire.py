@@ -7,7 +7,7 @@ headers): ``cache_salt`` is the tenant's cache namespace (the field vLLM and the
 carries the prompt exactly as the gateway counted it (``prompt`` stays text, for the router's
 prefix matching) and ``atrium_sampling`` every sampling setting; ``atrium_lora_id`` and
 ``atrium_lora_path`` name a registered LoRA adapter and its folder; ``atrium_background`` marks
-offline work (a Batch API line) whose decodes yield to other prompts. The engine honours these only
+offline work (a Batch API line) whose steps yield to other prompts. The engine honours these only
 from a caller holding the engine token; everything else is refused before the body is read.
 """
 
