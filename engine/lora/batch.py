@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.lora.slots import GROUPS, LoraWeights
+from engine.lora.slots import GROUPS, RANK_ORDER, LoraWeights
 
 # Rows times slots in use up to which a step takes the dense products: every row meets every
 # slot's A and B (zeros where it is not its own). On a 2-core Xeon (AMX; a bfloat16 model, the
@@ -39,6 +39,9 @@ class LoraRows(NamedTuple):
     # Block i is slot i's only block, for every block: the slots' weights are used in place
     # rather than gathered (a copy of every adapter in use, each projection of each step).
     in_place: bool = False
+    # Every row has an adapter and no block is padded: ``order`` [rows] gives each batch row's
+    # place in the blocks, and deltas are added by one gather rather than a scatter-add.
+    order: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -86,6 +89,12 @@ class LoraRows(NamedTuple):
             return torch.tensor(values, dtype=torch.long, device=device)
 
         in_place = block_slots == list(range(len(block_slots)))
+        order = None
+        if len(gather) == num_rows == len(row_slots):
+            places = [0] * num_rows
+            for place, row in enumerate(dest):
+                places[row] = place
+            order = tensor(places)
         return cls(
             tensor(block_slots),
             tensor(gather),
@@ -94,6 +103,7 @@ class LoraRows(NamedTuple):
             block,
             used,
             in_place=in_place,
+            order=order,
         )
 
 
@@ -122,10 +132,13 @@ class LoraStep(NamedTuple):
         weights = self.weights
         rank = weights.max_rank
         num_blocks = rows.block_slots.shape[0]
-        a = weights.a[layer][group]
+        # Only the leading rank blocks that some row's targets use (RANK_ORDER puts q and v first).
+        ranked = RANK_ORDER[group]
+        span = 1 + max(ranked.index(t) for t in rows.targets.intersection(ranked))
+        a = weights.a[layer][group][:, : span * rank]
         a = a[:num_blocks] if rows.in_place else a.index_select(0, rows.block_slots)
         xs = x.index_select(0, rows.gather).to(a.dtype).view(num_blocks, rows.block, x.shape[1])
-        h = torch.bmm(xs, a.transpose(1, 2))  # [blocks, block, T * R]
+        h = torch.bmm(xs, a.transpose(1, 2))  # [blocks, block, span * R]
         for t, (target, (start, width)) in enumerate(
             zip(GROUPS[group], weights.columns[group], strict=True)
         ):
@@ -133,8 +146,12 @@ class LoraStep(NamedTuple):
                 continue
             b = weights.b[layer][group][t]  # [slots, R, out]
             b = b[:num_blocks] if rows.in_place else b.index_select(0, rows.block_slots)
-            delta = torch.bmm(h[:, :, t * rank : (t + 1) * rank], b)
+            r = ranked.index(target) * rank
+            delta = torch.bmm(h[:, :, r : r + rank], b)
             delta = delta.view(-1, width)  # [blocks * block, out]
+            if rows.order is not None:  # a permutation of the batch rows
+                out[:, start : start + width] += delta.index_select(0, rows.order).to(out.dtype)
+                continue
             if delta.shape[0] != rows.valid.shape[0]:  # drop the padding rows
                 delta = delta.index_select(0, rows.valid)
             out[:, start : start + width].index_add_(0, rows.dest, delta.to(out.dtype))
@@ -163,5 +180,6 @@ class LoraStep(NamedTuple):
             if target not in rows.targets:
                 continue
             b = weights.b[layer][group][t][:num_slots].view(num_slots * rank, width)
-            delta = torch.mm(h[:, t].reshape(n, num_slots * rank), b)
+            r = RANK_ORDER[group].index(target)  # its block along the rank of A
+            delta = torch.mm(h[:, r].reshape(n, num_slots * rank), b)
             out[:, start : start + width] += delta.to(out.dtype)

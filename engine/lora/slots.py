@@ -17,14 +17,19 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "gate_up": ("gate_proj", "up_proj"),
     "down": ("down_proj",),
 }
+# The order of the targets' A blocks along the rank in each group: PEFT's default targets for
+# Llama models (q_proj, v_proj) first, so a step whose adapters have only those reads the first
+# two thirds of the stacked A and no zeros for k_proj.
+RANK_ORDER: dict[str, tuple[str, ...]] = {**GROUPS, "qkv": ("q_proj", "v_proj", "k_proj")}
 
 
 class LoraWeights:
-    """Per layer and group: A of every target stacked along the rank, ``a`` [slots, T * R, in],
-    and per target ``b`` [slots, R, out_t] (B transposed, scale folded in), R the max rank; a
-    lower rank and an absent target are zeros (they add exactly nothing). The first ``s`` slots
-    of either are one contiguous [s * rows, cols] matrix. ``columns`` gives each target's (first
-    column, width) in the fused projection's output."""
+    """Per layer and group: A of every target stacked along the rank in ``RANK_ORDER``, ``a``
+    [slots, T * R, in], and per target in ``GROUPS``' order ``b`` [slots, R, out_t] (B
+    transposed, scale folded in), R the max rank; a lower rank and an absent target are zeros
+    (they add exactly nothing). The first ``s`` slots of either are one contiguous [s * rows,
+    cols] matrix. ``columns`` gives each target's (first column, width) in the fused
+    projection's output."""
 
     def __init__(
         self,
@@ -76,9 +81,9 @@ class LoraWeights:
                     b[slot].zero_()
         for (layer, target), (a, b) in adapter.weights.items():
             group = next(g for g, targets in GROUPS.items() if target in targets)
-            t = GROUPS[group].index(target)
+            t = RANK_ORDER[group].index(target)
             self.a[layer][group][slot, t * big_r : t * big_r + r].copy_(a)
-            self.b[layer][group][t][slot, :r].copy_(b.t())
+            self.b[layer][group][GROUPS[group].index(target)][slot, :r].copy_(b.t())
         self.targets[slot] = adapter.targets
 
 

@@ -57,21 +57,29 @@ def test_rows_layout_covers_each_adapter_row_once() -> None:
 
 
 @pytest.mark.parametrize(
-    ("row_slots", "in_place"),
+    ("row_slots", "in_place", "permuted"),
     [
-        ([-1, 2, 0, 2, 1, -1, 0, 2, 2, 2, 2], False),  # slot 2 takes two blocks: gathered
-        ([1, 0, 2, -1, 2, 0, 1], True),  # one block per slot, slots 0..2: weights used in place
+        ([-1, 2, 0, 2, 1, -1, 0, 2, 2, 2, 2], False, False),  # slot 2 takes two blocks: gathered
+        ([1, 0, 2, -1, 2, 0, 1], True, False),  # one block per slot, slots 0..2: in place
+        ([1, 0, 2, 2, 0, 1], True, True),  # every row has one, no padding: added by a gather
+        ([3, 2, 3, 2, 3, 3], False, False),  # q and v alone (slot 3 pads its block to 4 rows)
+        ([3, 2, 3, 2], False, True),  # q and v alone: the first two thirds of A's rank
     ],
 )
 def test_dense_and_block_products_add_each_rows_own_adapter(
-    row_slots: list[int], in_place: bool
+    row_slots: list[int], in_place: bool, permuted: bool
 ) -> None:
     config = ModelConfig.from_hf_dict({**TINY_CONFIG, "model_type": "llama"})
     weights = LoraWeights(config, 4, 4, torch.float32, torch.device("cpu"))
     torch.manual_seed(0)
     adapters = []
     for slot, (rank, targets) in enumerate(
-        [(4, GROUPS["qkv"] + GROUPS["gate_up"]), (2, ("k_proj", "up_proj")), (3, ("q_proj",))]
+        [
+            (4, GROUPS["qkv"] + GROUPS["gate_up"]),
+            (2, ("k_proj", "up_proj")),
+            (3, ("q_proj",)),
+            (2, ("q_proj", "v_proj")),
+        ]
     ):
         deltas = {}
         for target in targets:
@@ -97,6 +105,7 @@ def test_dense_and_block_products_add_each_rows_own_adapter(
             )
             assert rows is not None and (rows.onehot is None) == (dense_max == 0)
             assert rows.in_place == (in_place and dense_max == 0)
+            assert (rows.order is not None) == (permuted and dense_max == 0)
             out = torch.zeros(len(row_slots), width)
             LoraStep(weights, rows, None).add(0, group, x, out)
             torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
