@@ -4,11 +4,11 @@ Each tenant's counter grows by ``(w_in·uncached + w_cached·cached + w_out·out
 work runs. The next admission comes from the backlogged tenant with the smallest counter; a tenant
 returning from idle is lifted to the smallest counter among the tenants that are backlogged or
 running (or, when none are, to the largest counter any tenant has reached: an idle engine banks
-nobody's credit), and wins the tie with the tenants at that counter until it is next served.
-Tenants within ``LEVEL_BAND`` of the least-served active one count as level; among level tenants
-the one with several times fewer requests waiting or running goes first (``_request_class``), so
-a tenant's short burst is not split evenly with a flood that arrives beside it, and the counter
-orders the rest. Beyond the band the counter alone decides,
+nobody's credit). Tenants within ``LEVEL_BAND`` of the least-served active one count as level;
+among level tenants the one with several times fewer requests waiting or running goes first
+(``_request_class``), so a tenant's short burst is not split evenly with a flood that arrives
+beside it (nor goes behind a flood back from idle); then a tenant back from idle, until it is
+next served; and the counter orders the rest. Beyond the band the counter alone decides,
 whatever the tenants' requests cost: a tenant of long prompts and one of long answers each get
 their weight's share of the work, not of the slots. Tenants served ahead of the least-served one
 take at most their weighted share of a step's prefill budget (``prefill_caps``). Inside a tenant,
@@ -40,6 +40,13 @@ PREEMPT_LEAD = 1024.0
 # out a step for a level tenant's prompt. Bounded: a tenant is never served ahead of one more
 # than this below it.
 LEVEL_BAND = 256.0
+# Within a step-time target, a tenant this far ahead of one whose prompt waits (a flood, not a
+# tenant served fairly: counters of those stay within about a request's cost of each other) sits
+# out that prompt's step with all its work, so the step holds only the prompt and the work of
+# tenants near it: the first token of a light tenant then costs a short step, not one the flood
+# fills to the target. Bounded: the tenant sitting out is not served, the others are, and it is
+# back once they come within this of it.
+YIELD_LEAD = 1024.0
 
 
 def _request_class(num_requests: int) -> float:
@@ -83,8 +90,10 @@ class FairSharePolicy(AdmissionPolicy):
         preempt_lead: float = PREEMPT_LEAD,
         level_band: float = LEVEL_BAND,
         decode_lead: float | None = LEVEL_BAND,
+        yield_lead: float | None = YIELD_LEAD,
     ) -> None:
         self.costs = costs or FairShareCosts()
+        self._yield_lead = yield_lead
         self.preempt_lead = preempt_lead
         self.level_band = level_band
         self._decode_lead = decode_lead
@@ -111,8 +120,8 @@ class FairSharePolicy(AdmissionPolicy):
 
     def service_key(self, request: Request) -> tuple[float, ...]:
         """The tenant's place in line: prefill budget goes first to the least-served tenant's
-        work (its counter, or the band's floor while within ``level_band`` of it), then to a
-        tenant back from idle, then to the tenant with the fewest requests in the engine."""
+        work (its counter, or the band's floor while within ``level_band`` of it), then to the
+        tenant with the fewest requests in the engine, then to a tenant back from idle."""
         tenant = self._tenant(request)
         return self._key(request.tenant_id, tenant)
 
@@ -121,14 +130,18 @@ class FairSharePolicy(AdmissionPolicy):
         banded = min(counter, self._floor) if counter < self._floor + self.level_band else counter
         return (
             banded,
-            float(not tenant.returning),
             _request_class(tenant.num_waiting + self._slots.get(tenant_id, 0)),
+            float(not tenant.returning),
             counter,
         )
 
     @property
     def decode_lead(self) -> float | None:
         return self._decode_lead
+
+    @property
+    def yield_lead(self) -> float | None:
+        return self._yield_lead
 
     def service(self, tenant_id: str) -> float:
         return self.counter(tenant_id)

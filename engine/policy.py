@@ -97,6 +97,12 @@ class AdmissionPolicy(ABC):
         None: decodes never do (admission order says nothing about who was served more)."""
         return None
 
+    @property
+    def yield_lead(self) -> float | None:
+        """How far ahead a tenant must be for all its work (decodes, prompt chunks, admissions)
+        to sit out a step in which the waiting prompt can end; None: never."""
+        return None
+
     def pick_victim(
         self, candidates: list[Request], beneficiary: Request | None = None
     ) -> Request | None:

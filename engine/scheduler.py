@@ -7,7 +7,8 @@ served ahead of the least-served one get their weighted share of the budget, so 
 short and the next prompt of a tenant behind them waits for one short step. With a step-time
 target (``engine/step_target.py``) the target bounds instead how many requests run and how much
 prefill goes beside their decodes, and the decodes of tenants served far more than one whose
-prompt waits sit out a step so that the prompt fits in it (the policy's ``decode_lead``).
+prompt waits sit out a step so that the prompt fits in it (the policy's ``decode_lead``); a
+tenant far ahead (``yield_lead``) sits out such a step with all its work.
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
@@ -134,9 +135,13 @@ class Scheduler:
         held = [r for r in prefills if r.background] if foreground_only else []
         if held:
             prefills = [r for r in prefills if not r.background]
+        sitting: set[str] = set()  # tenants far ahead: none of their work runs this step
         if self.target is not None:
-            decodes, ahead = self._defer_decodes_ahead(decodes, prefills)
+            decodes, ahead, sitting = self._defer_decodes_ahead(decodes, prefills)
             deferred += ahead
+            if sitting:
+                held += [r for r in prefills if r.tenant_id in sitting]
+                prefills = [r for r in prefills if r.tenant_id not in sitting]
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
         num_decodes = out.num_decodes = len(out.seqs)
@@ -160,14 +165,16 @@ class Scheduler:
                 break
             if len(out.preempted) == num_fair_preemptions:
                 # A waiting request of a less-served tenant is admitted before this chunk runs.
-                budget = self._admit(out, budget, scheduled, caps, request, foreground_only)
+                budget = self._admit(
+                    out, budget, scheduled, caps, request, foreground_only, sitting
+                )
             allowed = _allowed(budget, caps, request.tenant_id)
             used = allowed - self._run(request, allowed, out, scheduled)
             _spend(caps, request.tenant_id, used)
             budget -= used
         if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
-            budget = self._admit(out, budget, scheduled, caps, None, foreground_only)
-        if (deferred or foreground_only) and len(out.seqs) == num_decodes:
+            budget = self._admit(out, budget, scheduled, caps, None, foreground_only, sitting)
+        if (deferred or held or foreground_only or sitting) and len(out.seqs) == num_decodes:
             # The prompt they sat out for could not run (no pages, no slot): they run after all,
             # and so do the background prompts (they may hold the pages it waits for).
             budget, num_decodes = self._run_late_decodes(
@@ -176,7 +183,7 @@ class Scheduler:
             held_back = 0
             for request in held:
                 budget = self._run(request, budget, out, scheduled)
-            if foreground_only and len(out.preempted) == num_fair_preemptions:
+            if (foreground_only or sitting) and len(out.preempted) == num_fair_preemptions:
                 budget = self._admit(out, budget, scheduled)
         if self.drafter is not None and budget > 0:
             budget = self._add_drafts(out, num_decodes, budget)
@@ -209,22 +216,25 @@ class Scheduler:
 
     def _defer_decodes_ahead(
         self, decodes: list[Request], prefills: list[Request]
-    ) -> tuple[list[Request], list[Request]]:
-        """The decodes that run this step, and those that sit it out. Within a step-time target,
-        the decodes of tenants served far more (``policy.decode_lead``) than a tenant whose
-        prompt is waiting sit this step out, the most-served first, until the step has room for
-        that prompt (when sitting out can make it fit at all): a flood's decodes then do not
-        lengthen the first token of the tenants it would crowd out, and its counter stands
-        still while theirs catch up. O(running)."""
+    ) -> tuple[list[Request], list[Request], set[str]]:
+        """The decodes that run this step, those that sit it out, and the tenants none of whose
+        work runs. Within a step-time target, the decodes of tenants served far more
+        (``policy.decode_lead``) than a tenant whose prompt is waiting sit this step out, the
+        most-served first, until the step has room for that prompt (when sitting out can make
+        it fit at all): a flood's decodes then do not lengthen the first token of the tenants
+        it would crowd out, and its counter stands still while theirs catch up. Tenants ahead
+        by ``policy.yield_lead`` or more sit out with all their work, so the prompt's step is
+        as short as its own tenants' work makes it. O(running)."""
         lead = self.policy.decode_lead
         target = self.target
         if lead is None or target is None or not decodes:
-            return decodes, []
+            return decodes, [], set()
         served = self.policy.service
         pending = self._pending_prompts(prefills)
         if not pending:
-            return decodes, []
-        threshold = min(served(r.tenant_id) for r in pending) + lead
+            return decodes, [], set()
+        least = min(served(r.tenant_id) for r in pending)
+        threshold = least + lead
         demand = sum(r.num_remaining_tokens for r in pending if served(r.tenant_id) <= threshold)
         ahead = sorted(
             (r for r in decodes if served(r.tenant_id) > threshold),
@@ -236,15 +246,23 @@ class Scheduler:
             # Not even all of them sitting out would let one of these prompts end in this step
             # (long prompts): they would sit out step after step, so none does, and the prompts
             # go on at the prefill share every step has.
-            return decodes, []
+            return decodes, [], set()
         deferred: set[str] = set()
+        sitting: set[str] = set()
+        far = self.policy.yield_lead
+        if far is not None:
+            sitting = {r.tenant_id for r in ahead if served(r.tenant_id) >= least + far}
+            sitting.update(r.tenant_id for r in prefills if served(r.tenant_id) >= least + far)
+            deferred = {r.request_id for r in ahead if r.tenant_id in sitting}
+            num_kept -= len(deferred)
+            ahead = [r for r in ahead if r.tenant_id not in sitting]
         while ahead and target.prefill_budget(num_kept) < demand:
             deferred.add(ahead.pop().request_id)
             num_kept -= 1
         if not deferred:
-            return decodes, []
+            return decodes, [], sitting
         kept = [r for r in decodes if r.request_id not in deferred]
-        return kept, [r for r in decodes if r.request_id in deferred]
+        return kept, [r for r in decodes if r.request_id in deferred], sitting
 
     def _run_late_decodes(
         self, deferred: list[Request], out: SchedulerOutput, budget: int, scheduled: set[str]
@@ -366,15 +384,19 @@ class Scheduler:
         caps: dict[str, int] | None = None,
         before: Request | None = None,
         foreground_only: bool = False,
+        sitting: set[str] | None = None,
     ) -> int:
         """Admit waiting requests in the policy's order while budget and slots last, each
         tenant within its cap (``caps``, spent in place); with ``before`` (a running prefill),
         only those that come ahead of it: a lower service key, or an equal one of another tenant
         (a tenant back from idle is lifted to the counter of the tenant that kept the engine
         busy, and must not queue behind that tenant's chunks). ``foreground_only`` passes over
-        the tenants whose next request is background work."""
+        the tenants whose next request is background work, ``sitting`` the tenants that sit
+        this step out."""
         deferred: list[Request] = []
         skip = {t for t, cap in caps.items() if cap <= 0} if caps else set()
+        if sitting:
+            skip |= sitting
         while budget > 0 and len(self.running) < self._slot_limit:
             request = self.policy.peek(skip)
             if request is None:

@@ -88,6 +88,25 @@ def test_a_returning_tenant_wins_the_tie_once_then_alternates() -> None:
     assert after is not None and after.tenant_id == "busy"
 
 
+def test_a_flood_back_from_idle_goes_behind_a_smaller_queue_at_its_counter() -> None:
+    policy = FairSharePolicy()
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=64)
+    light = make_request("light")
+    policy.add(light)
+    policy.pop()
+    slots["light"] = 1  # running
+    policy.charge(light, 96, 0, 0)
+    policy.add(make_request("light"))  # its second prompt waits
+    for _ in range(20):
+        policy.add(make_request("flood"))  # back from idle: lifted to light's counter
+    assert policy.counter("flood") == policy.counter("light")
+    policy.begin_step()
+    # The flood's return wins ties among queues of its size, not against a burst of two.
+    assert policy.pop().tenant_id == "light"
+    assert policy.pop().tenant_id == "flood"
+
+
 def test_the_counter_decides_whatever_slots_the_tenants_hold() -> None:
     policy = FairSharePolicy(level_band=0.0)
     slots: dict[str, int] = {}

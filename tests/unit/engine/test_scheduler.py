@@ -587,6 +587,33 @@ def test_within_a_target_a_flooders_decodes_sit_out_a_step_for_a_less_served_pro
     fifo.assert_no_leaks()
 
 
+def test_within_a_target_a_tenant_far_ahead_sits_out_a_less_served_prompts_step_entirely() -> None:
+    # As above, with the flood ~170 ahead of the quiet tenant and a yield lead of 64: none of
+    # its decodes run beside the quiet prompt, nor is its own waiting prompt admitted into the
+    # room left (170 prompt tokens fit beside one decode; the quiet prompt takes 150).
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    policy = FairSharePolicy(level_band=16.0, decode_lead=16.0, yield_lead=64.0)
+    sim = Simulation(make_cache(False, 512, 4), 256, 16, policy=policy, target=target)
+    sim.add("quiet0", [9, 9, 9, 9], 60, tenant="quiet")
+    sim.step()
+    floods = [sim.add(f"flood{i}", [i, 1, 2, 3], 40, tenant="flood") for i in range(8)]
+    for _ in range(10):
+        sim.step()
+    assert policy.service("flood") - policy.service("quiet") >= 64
+    sim.add("quiet1", list(range(200, 350)), max_tokens=4, tenant="quiet")
+    late = sim.add("flood8", list(range(400, 440)), max_tokens=4, tenant="flood")
+    out = sim.step()
+    ran = {s.request.request_id: s.num_new_tokens for s in out.seqs}
+    assert ran == {"quiet0": 1, "quiet1": 150}
+    assert late.status is RequestStatus.WAITING
+    out = sim.step()  # the prompt has its first token: the flood runs again, and is admitted
+    ran = {s.request.request_id: s.num_new_tokens for s in out.seqs}
+    assert {f.request_id for f in floods} <= set(ran) and "flood8" in ran
+    sim.run()
+    assert late.is_finished
+    sim.assert_no_leaks()
+
+
 def test_within_a_target_no_decode_sits_out_for_a_prompt_no_step_could_hold() -> None:
     # As above, but the quiet tenant's prompt is 400 tokens: even with every flood decode out,
     # a step holds 170 of them, so the flood would sit out step after step. Nobody sits out;
