@@ -19,12 +19,15 @@ import structlog
 import uvicorn
 from litestar import Litestar
 
+from web.cli.db_commands import head_revision, known_revisions
 from web.engine_api import app_for_role
 from web.logging import configure_logging
 from web.server_protocol import guarded_protocol
 from web.settings import Settings, SettingsError
 
 log = structlog.get_logger("atrium.serve")
+# How long the start-up check waits for the tenant database before leaving it to the outage path.
+SCHEMA_CHECK_TIMEOUT_S = 5.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -212,6 +215,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"atrium serve: {exc}")
         return 2
     configure_logging(settings.log_level)
+    problem = schema_problem(settings)
+    if problem is not None:
+        print(f"atrium serve: {problem}", file=sys.stderr)
+        return 1
     app = app_for_role(settings)
     config = server_config(app, settings)
     server = DrainingServer(config, app, settings.drain_grace_s)
@@ -224,6 +231,38 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     server.run()
     return 0 if server.started else 1
+
+
+def schema_problem(settings: Settings) -> str | None:
+    """Why a gateway must not start on its database, or None: a PostgreSQL database that is
+    empty or at an older revision than this code (SQLite is migrated at start). A database that
+    cannot be reached now is left to the outage path, and one at a revision this code does not
+    know (newer code migrated it) starts as before."""
+    if settings.role == "engine" or settings.database_url.startswith("sqlite"):
+        return None
+    from tenants.database import Database
+
+    async def current() -> str | None:
+        async with asyncio.timeout(SCHEMA_CHECK_TIMEOUT_S):
+            db = await Database.connect(settings.database_url)
+            try:
+                return await db.current()
+            finally:
+                await db.close()
+
+    try:
+        revision = asyncio.run(current())
+    except Exception as exc:  # unreachable or refused: the gateway starts degraded
+        log.warning("schema_check_skipped", error=str(exc))
+        return None
+    head = head_revision()
+    if revision == head or (revision is not None and revision not in known_revisions()):
+        return None
+    at = "empty" if revision is None else f"at revision {revision}"
+    return (
+        f"the tenant database is {at}; this version needs revision {head}. "
+        "Run `atrium db upgrade` against it first."
+    )
 
 
 def server_config(app: Any, settings: Settings) -> uvicorn.Config:

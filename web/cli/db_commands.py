@@ -24,6 +24,11 @@ def head_revision() -> str | None:
     return ScriptDirectory(str(script_location())).get_current_head()
 
 
+def known_revisions() -> set[str]:
+    """Every revision this code ships."""
+    return {script.revision for script in ScriptDirectory(str(script_location())).walk_revisions()}
+
+
 def run_db(args: argparse.Namespace) -> int:
     async def work() -> str | None:
         db = await Database.connect(settings_of(args).database_url)
