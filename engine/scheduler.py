@@ -174,7 +174,7 @@ class Scheduler:
             budget -= used
         if len(out.preempted) == num_fair_preemptions:  # no memory pressure this step
             budget = self._admit(out, budget, scheduled, caps, None, foreground_only, sitting)
-        if (deferred or held or foreground_only or sitting) and len(out.seqs) == num_decodes:
+        if (deferred or foreground_only or sitting) and len(out.seqs) == num_decodes:
             # The prompt they sat out for could not run (no pages, no slot): they run after all,
             # and so do the background prompts (they may hold the pages it waits for).
             budget, num_decodes = self._run_late_decodes(
@@ -249,10 +249,9 @@ class Scheduler:
             return decodes, [], set()
         deferred: set[str] = set()
         sitting: set[str] = set()
-        far = self.policy.yield_lead
-        if far is not None:
-            sitting = {r.tenant_id for r in ahead if served(r.tenant_id) >= least + far}
-            sitting.update(r.tenant_id for r in prefills if served(r.tenant_id) >= least + far)
+        if self.policy.yield_lead is not None:
+            far = least + self.policy.yield_lead
+            sitting = {r.tenant_id for r in (*ahead, *prefills) if served(r.tenant_id) >= far}
             deferred = {r.request_id for r in ahead if r.tenant_id in sitting}
             num_kept -= len(deferred)
             ahead = [r for r in ahead if r.tenant_id not in sitting]

@@ -19,6 +19,7 @@ import structlog
 import uvicorn
 from litestar import Litestar
 
+from tenants.database import Database
 from web.cli.db_commands import head_revision, known_revisions
 from web.engine_api import app_for_role
 from web.logging import configure_logging
@@ -240,7 +241,6 @@ def schema_problem(settings: Settings) -> str | None:
     know (newer code migrated it) starts as before."""
     if settings.role == "engine" or settings.database_url.startswith("sqlite"):
         return None
-    from tenants.database import Database
 
     async def current() -> str | None:
         async with asyncio.timeout(SCHEMA_CHECK_TIMEOUT_S):
