@@ -300,6 +300,9 @@ def create_app(
             for served in runtimes:
                 log.info("gateway_ready", model=served.name, max_model_len=served.max_model_len)
             yield
+            runner = app.state.get("batch_runner")
+            if runner is not None:  # its lines go back to pending, settled before the drain ends
+                await runner.stop()
             await service.drain(settings.drain_grace_s)
             await tenancy.close()
         finally:

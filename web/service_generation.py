@@ -321,14 +321,20 @@ class GenerationService:
         num_prompt_tokens = sum(len(ids) for ids, _ in prompts)
         max_tokens = sum(choice.params.max_tokens for choice in choices)
         # A tenant's batch lines take turns apart from its interactive requests, at their weight.
+        model = runtime.name if adapter is None else adapter.name
         async with self.admission_gate.hold(principal.engine_tenant_id, principal.weight):
-            ticket = await self.tenancy.admit(
-                principal,
-                request_id,
-                num_prompt_tokens,
-                max_tokens,
-                model=runtime.name if adapter is None else adapter.name,
+            admission = asyncio.ensure_future(
+                self.tenancy.admit(
+                    principal, request_id, num_prompt_tokens, max_tokens, model=model
+                )
             )
+            try:
+                ticket = await asyncio.shield(admission)
+            except asyncio.CancelledError:
+                # Cancelled (a client gone, a batch line handed back) while the reservation
+                # may already be committed: settle it here, never leave it to a lease reclaim.
+                self._spawn(self._abandon(admission, principal, request_id, model))
+                raise
         spans = RequestSpans(
             self.tracer,
             f"generate {endpoint}",
@@ -525,6 +531,31 @@ class GenerationService:
             await self.tenancy.complete(ticket, record)
         except Exception:
             log.exception("usage_record_failed", request_id=record.request_id)
+
+    async def _abandon(
+        self, admission: asyncio.Future[Ticket], principal: Principal, request_id: str, model: str
+    ) -> None:
+        """Record a request cancelled during its admission as a disconnect that computed
+        nothing, once the admission it left behind has ended (nothing to do if it failed)."""
+        try:
+            ticket = await admission
+        except Exception:
+            return
+        now = datetime.now(UTC)
+        record = UsageRecord(
+            request_id=request_id,
+            tenant_id=principal.tenant_id,
+            model=model,
+            prompt_tokens=0,
+            cached_tokens=0,
+            completion_tokens=0,
+            status="disconnect",
+            started_at=now,
+            finished_at=now,
+            key_id=principal.key_id,
+            batch_id=principal.batch_id,
+        )
+        await self._record(ticket, record)
 
     async def wait_recorded(self, job: Job) -> None:
         """Wait for the usage event; shielded, so a cancellation here cannot lose it."""

@@ -356,6 +356,7 @@ async def connect_sql_tenancy(
     state.batch_store = BatchStore(db)
     runner = BatchRunner(state.batch_store, state, settings, lease, tenancy)
     runner.start()
+    state.batch_runner = runner
 
     async def close() -> None:
         await runner.stop()

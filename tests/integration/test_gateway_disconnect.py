@@ -8,12 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 
+from engine.sampling_params import SamplingParams
 from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy, settings
 from web.app import create_app
 from web.service_generation import GenerationService
+from web.tenancy import InMemoryTenancy, InMemoryTenant, Ticket
 
 
 async def stream_then_leave(app: Litestar, body: dict[str, Any], keep_chunks: int) -> list[bytes]:
@@ -110,3 +113,47 @@ def test_disconnect_with_n_choices_aborts_each_and_records_once(tiny_llama_dir: 
     assert sorted(engine.aborted) == [f"{usage.request_id}-{i}" for i in range(3)]
     assert usage.status == "disconnect"
     assert 3 <= usage.completion_tokens < 600
+
+
+class SlowCommitTenancy(InMemoryTenancy):
+    """Holds the reservation, then takes a while to answer (a commit on a slow database)."""
+
+    async def admit(self, *args: Any, **kwargs: Any) -> Ticket:
+        ticket = await super().admit(*args, **kwargs)
+        await asyncio.sleep(0.2)
+        return ticket
+
+
+def test_a_request_cancelled_during_admission_hands_its_reservation_back(
+    tiny_llama_dir: Path,
+) -> None:
+    runtime, engine = make_runtime(tiny_llama_dir, delay_s=0.0)
+    tenancy = SlowCommitTenancy()
+    tenancy.add_key(KEY_A, InMemoryTenant("tenant-a"))
+    app = create_app(settings(), engine=runtime, store=tenancy, include_admin=False)
+
+    async def cancel_mid_admission() -> None:
+        async with app.lifespan():
+            service: GenerationService = app.state.generation
+            principal = await tenancy.authenticate(KEY_A)
+            admit = asyncio.ensure_future(
+                service.admit(
+                    principal, "chat", "req-gone", [1, 2, 3], SamplingParams(max_tokens=4)
+                )
+            )
+            await asyncio.sleep(0.05)
+            assert tenancy.running == {"tenant-a": 1}  # reserved, not yet answered
+            admit.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await admit
+            for _ in range(100):
+                if not service._tasks:
+                    break
+                await asyncio.sleep(0.02)
+
+    asyncio.run(cancel_mid_admission())
+    assert tenancy.running == {"tenant-a": 0}
+    assert [
+        (u.request_id, u.status, u.prompt_tokens, u.completion_tokens) for u in tenancy.usage
+    ] == [("req-gone", "disconnect", 0, 0)]
+    assert engine.requests == []  # nothing reached the engine
