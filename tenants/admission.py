@@ -6,10 +6,12 @@ the budget is reserved with one conditional UPDATE, so no interleaving of proces
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Integer, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,7 +32,7 @@ from tenants.schemas import Admission, AuthContext, Quotas, Usage
 from tenants.settlement import release, take_reservation
 from tenants.tenant_service import load_tenant, quotas_of
 from tenants.timeutil import Clock, month_period, next_month_start, utc_now
-from tenants.upsert import insert_ignore
+from tenants.upsert import insert_ignore, insert_ignore_stmt
 from tenants.usage_store import insert_events
 
 CONCURRENCY_RETRY_S = 1.0
@@ -61,6 +63,42 @@ class KeyLimit:
         if self.bucket is None or (remaining is not None and remaining <= draw.remaining):
             return limit, remaining
         return self.rpm, draw.remaining
+
+
+# Built once (statements cost more CPU to build than to run); parameters by name.
+_LOCK_BUCKET = (
+    select(RateBucket).where(RateBucket.tenant_id == bindparam("of_tenant")).with_for_update()
+)
+_SPENT = select(TokenBudget.used + TokenBudget.reserved).where(
+    TokenBudget.tenant_id == bindparam("of_tenant"), TokenBudget.period == bindparam("of_period")
+)
+
+
+@functools.cache
+def _reserve_stmt(token_budget: bool, cost_budget: bool) -> Any:
+    """Add ``need`` tokens and ``cost`` micro-units to the month's reservations, only where
+    they fit under ``budget`` and ``money`` (each checked when the tenant has it)."""
+    need, cost = bindparam("need", type_=Integer), bindparam("cost", type_=Integer)
+    stmt = (
+        update(TokenBudget)
+        .where(
+            TokenBudget.tenant_id == bindparam("of_tenant"),
+            TokenBudget.period == bindparam("of_period"),
+        )
+        .values(
+            reserved=TokenBudget.reserved + need, cost_reserved=TokenBudget.cost_reserved + cost
+        )
+    )
+    if token_budget:
+        stmt = stmt.where(
+            TokenBudget.used + TokenBudget.reserved + need <= bindparam("budget", type_=Integer)
+        )
+    if cost_budget:
+        stmt = stmt.where(
+            TokenBudget.cost_used + TokenBudget.cost_reserved + cost
+            <= bindparam("money", type_=Integer)
+        )
+    return stmt
 
 
 class AdmissionService:
@@ -166,11 +204,10 @@ class AdmissionService:
             "refilled_at": now_s,
             "in_flight": 0,
         }
-        locked = select(RateBucket).where(RateBucket.tenant_id == tenant_id).with_for_update()
-        bucket = await session.scalar(locked)
+        bucket = await session.scalar(_LOCK_BUCKET, {"of_tenant": tenant_id})
         if bucket is None:  # the tenant's first request: create the row, then lock it
-            await session.execute(insert_ignore(self._db, RateBucket, [row]))
-            bucket = await session.scalar(locked)
+            await session.execute(insert_ignore_stmt(self._db.dialect, RateBucket), row)
+            bucket = await session.scalar(_LOCK_BUCKET, {"of_tenant": tenant_id})
         if bucket is None:  # the tenant row is held, so the bucket cannot vanish
             raise RuntimeError("rate bucket missing after insert")
         return bucket
@@ -278,31 +315,28 @@ class AdmissionService:
         what is left of the token budget after this reservation (None without one), or raises
         QuotaExceededError."""
         budget, money = quotas.monthly_token_budget, quotas.monthly_cost_budget
-        stmt = (
-            update(TokenBudget)
-            .where(TokenBudget.tenant_id == tenant_id, TokenBudget.period == period)
-            .values(
-                reserved=TokenBudget.reserved + need,
-                cost_reserved=TokenBudget.cost_reserved + cost,
-            )
-        )
-        if budget is not None:
-            stmt = stmt.where(TokenBudget.used + TokenBudget.reserved + need <= budget)
-        if money is not None:
-            stmt = stmt.where(TokenBudget.cost_used + TokenBudget.cost_reserved + cost <= money)
-        spent_now = select(TokenBudget.used + TokenBudget.reserved).where(
-            TokenBudget.tenant_id == tenant_id, TokenBudget.period == period
-        )
-        reserved = (await session.execute(stmt)).rowcount == 1  # type: ignore[attr-defined]
+        stmt = _reserve_stmt(budget is not None, money is not None)
+        params = {
+            "of_tenant": tenant_id,
+            "of_period": period,
+            "need": need,
+            "cost": cost,
+            "budget": budget,
+            "money": money,
+        }
+        spent_now = {"of_tenant": tenant_id, "of_period": period}
+        reserved = (await session.execute(stmt, params)).rowcount == 1  # type: ignore[attr-defined]
         if not reserved:
             # No row for this month yet (or no room): make sure the row exists, try once more.
             row = {"tenant_id": tenant_id, "period": period, "used": 0, "reserved": 0}
-            await session.execute(insert_ignore(self._db, TokenBudget, [row]))
-            reserved = (await session.execute(stmt)).rowcount == 1  # type: ignore[attr-defined]
+            await session.execute(insert_ignore_stmt(self._db.dialect, TokenBudget), row)
+            reserved = (await session.execute(stmt, params)).rowcount == 1  # type: ignore[attr-defined]
         if reserved:
             # What is left is what degraded admission may spend while the database is away.
-            return None if budget is None else budget - int(await session.scalar(spent_now) or 0)
-        spent = int(await session.scalar(spent_now) or 0)
+            if budget is None:
+                return None
+            return budget - int(await session.scalar(_SPENT, spent_now) or 0)
+        spent = int(await session.scalar(_SPENT, spent_now) or 0)
         now = self._clock()
         if budget is None or spent + need <= budget:  # the money ran out, not the tokens
             raise QuotaExceededError(

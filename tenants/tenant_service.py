@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import msgspec
 from msgspec import UNSET
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -49,10 +49,14 @@ def _set_quotas(row: Tenant, quotas: Quotas) -> None:
         setattr(row, name, list(value) if isinstance(value, tuple) else value)
 
 
+_LIVE_TENANT = select(Tenant).where(Tenant.id == bindparam("of_tenant"), Tenant.status != "deleted")
+_LOCK_LIVE_TENANT = _LIVE_TENANT.with_for_update()
+
+
 async def load_tenant(session: AsyncSession, tenant_id: str, *, lock: bool = False) -> Tenant:
     """The live (not deleted) tenant row; TenantNotFoundError otherwise."""
-    stmt = select(Tenant).where(Tenant.id == tenant_id, Tenant.status != "deleted")
-    row = await session.scalar(stmt.with_for_update() if lock else stmt)
+    stmt = _LOCK_LIVE_TENANT if lock else _LIVE_TENANT
+    row = await session.scalar(stmt, {"of_tenant": tenant_id})
     if row is None:
         raise TenantNotFoundError(f"tenant {tenant_id!r} not found")
     return row

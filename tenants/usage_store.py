@@ -16,7 +16,7 @@ from tenants.database import Database
 from tenants.models import TokenBudget, UsageEventRow, UsageRollup
 from tenants.records import UsageEvent
 from tenants.timeutil import hour_floor, month_period
-from tenants.upsert import insert_ignore, insert_or_add
+from tenants.upsert import insert_ignore_stmt, insert_or_add_stmt
 
 CHUNK = 200  # rows per INSERT statement (13 parameters each)
 ROLLUP_KEYS = ("tenant_id", "model", "hour")
@@ -76,17 +76,17 @@ async def insert_events(
     if not unique:
         return []
     inserted: set[str] = set()
+    events_stmt = insert_ignore_stmt(db.dialect, UsageEventRow, "request_id")
     for start in range(0, len(unique), CHUNK):
         rows = [event_row(e) for e in unique[start : start + CHUNK]]
-        stmt = insert_ignore(db, UsageEventRow, rows).returning(UsageEventRow.request_id)
-        inserted.update((await session.execute(stmt)).scalars())
+        inserted.update((await session.execute(events_stmt, rows)).scalars())
     fresh = [e for e in unique if e.request_id in inserted]
     rollups = rollup_rows(fresh)
     if rollups:
-        await session.execute(insert_or_add(db, UsageRollup, rollups, ROLLUP_KEYS))
+        await session.execute(insert_or_add_stmt(db.dialect, UsageRollup, ROLLUP_KEYS), rollups)
     charges = budget_charges(fresh)
     if charges:
-        await session.execute(insert_or_add(db, TokenBudget, charges, BUDGET_KEYS))
+        await session.execute(insert_or_add_stmt(db.dialect, TokenBudget, BUDGET_KEYS), charges)
     return fresh
 
 

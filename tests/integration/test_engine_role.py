@@ -4,6 +4,7 @@ but /health, the tenant comes from the body's fields, and /metrics speaks the ro
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,16 @@ def test_cache_salt_is_the_tenant_namespace(engine: tuple[TestClient, str]) -> N
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["prompt_tokens_details"]["cached_tokens"] > 0
     assert other["prompt_tokens_details"]["cached_tokens"] == 0
-    state = client.get("/atrium/v1/state", headers=AUTH).json()
-    assert {"tenant:tenant-one", "tenant:tenant-two"} <= set(state["cache_by_namespace"])
+    # The state is the engine's latest snapshot, sent when it goes idle: it may trail the
+    # last answer by a moment.
+    deadline = time.monotonic() + 5.0
+    while True:
+        state = client.get("/atrium/v1/state", headers=AUTH).json()
+        namespaces = set(state["cache_by_namespace"])
+        if {"tenant:tenant-one", "tenant:tenant-two"} <= namespaces or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert {"tenant:tenant-one", "tenant:tenant-two"} <= namespaces
 
 
 @pytest.mark.parametrize(
@@ -260,3 +269,36 @@ def test_background_work_is_marked_from_the_gateway_to_the_engine(
     body = {"model": model, "prompt": "hi", "max_tokens": 2, "atrium_background": "yes"}
     refused = client.post("/v1/completions", json=body, headers=AUTH)
     assert refused.status_code == 400 and "atrium_background" in refused.text
+
+
+def test_the_gateways_count_of_a_tenants_requests_reaches_the_engine(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine.outputs import GenerateRequest
+    from engine.sampling_params import SamplingParams
+    from web.engine_api.client import request_body
+
+    client, model = engine
+    params = SamplingParams(max_tokens=2)
+    sent = request_body(GenerateRequest("r", [1, 2], params, tenant_requests=7), model, "hi")
+    assert sent["atrium_tenant_requests"] == 7
+    assert "atrium_tenant_requests" not in request_body(
+        GenerateRequest("r", [1], params), model, ""
+    )
+    runtime = client.app.state.generation.runtime
+    seen: list[GenerateRequest] = []
+    generate = runtime.engine.generate
+
+    def spy(request: GenerateRequest) -> Any:
+        seen.append(request)
+        return generate(request)
+
+    monkeypatch.setattr(runtime.engine, "generate", spy)
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, "atrium_tenant_requests": 12}
+    assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+    assert seen[-1].tenant_requests == 12  # the gateway's count, larger than this server's own
+    for bad in (-1, 10**7, "many"):
+        body = {"model": model, "prompt": "hi", "max_tokens": 2, "atrium_tenant_requests": bad}
+        refused = client.post("/v1/completions", json=body, headers=AUTH)
+        assert refused.status_code == 400 and "atrium_tenant_requests" in refused.text
