@@ -6,7 +6,8 @@ returning from idle is lifted to the smallest counter among the tenants that are
 running (or, when none are, to the largest counter any tenant has reached: an idle engine banks
 nobody's credit). Tenants within ``LEVEL_BAND`` of the least-served active one count as level;
 among level tenants the one with several times fewer requests waiting or running goes first
-(``_request_class``), so a tenant's short burst is not split evenly with a flood that arrives
+(``_request_class``; the caller's count of the tenant's requests, when larger, stands for requests
+still on their way), so a tenant's short burst is not split evenly with a flood that arrives
 beside it (nor goes behind a flood back from idle); then a tenant back from idle, until it is
 next served; and the counter orders the rest. Beyond the band the counter alone decides,
 whatever the tenants' requests cost: a tenant of long prompts and one of long answers each get
@@ -71,6 +72,8 @@ class _Tenant:
     # (priority, sequence, request): priority is -cached prefix length; preempted ones go first.
     heap: list[tuple[float, int, Request]] = field(default_factory=list)
     num_waiting: int = 0
+    # The caller's count of this tenant's requests, as the latest one to wait said (0: none).
+    caller_requests: int = 0
     # Back from idle and not served since: wins ties with tenants at the same counter.
     returning: bool = False
 
@@ -130,7 +133,9 @@ class FairSharePolicy(AdmissionPolicy):
         banded = min(counter, self._floor) if counter < self._floor + self.level_band else counter
         return (
             banded,
-            _request_class(tenant.num_waiting + self._slots.get(tenant_id, 0)),
+            _request_class(
+                max(tenant.num_waiting + self._slots.get(tenant_id, 0), tenant.caller_requests)
+            ),
             float(not tenant.returning),
             counter,
         )
@@ -187,6 +192,8 @@ class FairSharePolicy(AdmissionPolicy):
     def add(self, request: Request) -> None:
         cached = self._prefix_len(request) if self._prefix_len else 0
         self._push(request, -float(cached))
+        # New work only: a preempted or deferred request's count is out of date.
+        self._tenants[request.tenant_id].caller_requests = request.tenant_requests
 
     def requeue_front(self, request: Request) -> None:
         # Preempted work resumes before anything new of its tenant.
@@ -283,6 +290,7 @@ class FairSharePolicy(AdmissionPolicy):
         tenant.num_waiting -= 1
         self._num_waiting -= 1
         if tenant.num_waiting == 0:
+            tenant.caller_requests = 0
             self._backlogged.discard(request.tenant_id)
             for _, _, stale in tenant.heap:
                 self._removed.discard(id(stale))

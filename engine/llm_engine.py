@@ -237,6 +237,7 @@ class LLMEngine:
             tenant_weight=request.tenant_weight,
             allow_public_prefix=request.allow_public_prefix and adapter is None,
             background=request.background,
+            tenant_requests=request.tenant_requests,
             generator=generator,
             publish=request.publish,
             lora=adapter,

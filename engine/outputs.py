@@ -24,6 +24,9 @@ class GenerateRequest:
     # Requests the caller has accepted after this one and will hand over shortly (a burst): an
     # idle engine waits briefly for them so that its first step takes them together.
     num_following: int = 0
+    # Requests of this tenant the caller holds, this one included (admitted or waiting for
+    # admission): a flood still crossing the gateway counts as one before its requests arrive.
+    tenant_requests: int = 0
     # Another live request with the same prompt (a sibling of ``n`` > 1): this one waits until
     # that one's prompt is computed, then finds the prompt's full pages in the prefix cache.
     prefill_after: str | None = None

@@ -44,6 +44,7 @@ class Request:
     tenant_weight: float = 1.0
     allow_public_prefix: bool = True
     background: bool = False  # yields its steps to foreground prompts (GenerateRequest)
+    tenant_requests: int = 0  # the caller's count of its tenant's requests (GenerateRequest)
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)

@@ -7,6 +7,7 @@ client disconnect (which cancels the streaming task) cannot lose it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import inspect
@@ -167,6 +168,9 @@ class GenerationService:
         self.retry_after_s = retry_after_s
         self.draining = False
         self.num_arriving = 0  # requests between their arrival and their hand-off to the engine
+        # Each engine tenant's requests from admission (waiting at the gate included) to their
+        # end: the engine ranks a tenant's burst by it before the burst has reached the engine.
+        self.tenant_requests: collections.Counter[str] = collections.Counter()
         # Admissions in flight at once; past that, tenants take turns (web/fair_gate.py).
         self.admission_gate = FairGate(admission_concurrency)
         self.active: dict[str, Job] = {}
@@ -322,19 +326,25 @@ class GenerationService:
         max_tokens = sum(choice.params.max_tokens for choice in choices)
         # A tenant's batch lines take turns apart from its interactive requests, at their weight.
         model = runtime.name if adapter is None else adapter.name
-        async with self.admission_gate.hold(principal.engine_tenant_id, principal.weight):
-            admission = asyncio.ensure_future(
-                self.tenancy.admit(
-                    principal, request_id, num_prompt_tokens, max_tokens, model=model
+        self.tenant_requests[principal.engine_tenant_id] += 1
+        try:
+            async with self.admission_gate.hold(principal.engine_tenant_id, principal.weight):
+                admission = asyncio.ensure_future(
+                    self.tenancy.admit(
+                        principal, request_id, num_prompt_tokens, max_tokens, model=model
+                    )
                 )
-            )
-            try:
-                ticket = await asyncio.shield(admission)
-            except asyncio.CancelledError:
-                # Cancelled (a client gone, a batch line handed back) while the reservation
-                # may already be committed: settle it here, never leave it to a lease reclaim.
-                self._spawn(self._abandon(admission, principal, request_id, model))
-                raise
+                try:
+                    ticket = await asyncio.shield(admission)
+                except asyncio.CancelledError:
+                    # Cancelled (a client gone, a batch line handed back) while the reservation
+                    # may already be committed: settle it here, never leave it to a lease
+                    # reclaim.
+                    self._spawn(self._abandon(admission, principal, request_id, model))
+                    raise
+        except BaseException:
+            self._leave(principal.engine_tenant_id)
+            raise
         spans = RequestSpans(
             self.tracer,
             f"generate {endpoint}",
@@ -366,6 +376,9 @@ class GenerationService:
             params=choice.params,
             tenant_id=principal.engine_tenant_id,
             tenant_weight=principal.weight,
+            tenant_requests=max(
+                self.tenant_requests[principal.engine_tenant_id], principal.tenant_requests
+            ),
             allow_public_prefix=principal.allow_public_prefix,
             kv_cache_share=principal.kv_cache_share,
             num_following=self.num_arriving + len(job.choices) - 1 - choice.index,
@@ -499,6 +512,7 @@ class GenerationService:
         """Close the books on ``job`` without awaiting (this may run inside a cancellation)."""
         if self.active.pop(job.request_id, None) is None:
             return
+        self._leave(job.ticket.principal.engine_tenant_id)
         self.metrics.in_flight.dec()
         self.metrics.count_request(job.tenant_id, job.endpoint, status)
         self.metrics.observe_usage(
@@ -525,6 +539,13 @@ class GenerationService:
         )
         log.info("request_finished", status=status, finish_reason=job.finish_reason, **counts)
         job.usage_task = self._spawn(self._record(job.ticket, record))
+
+    def _leave(self, engine_tenant_id: str) -> None:
+        left = self.tenant_requests[engine_tenant_id] - 1
+        if left > 0:
+            self.tenant_requests[engine_tenant_id] = left
+        else:
+            del self.tenant_requests[engine_tenant_id]
 
     async def _record(self, ticket: Ticket, record: UsageRecord) -> None:
         try:

@@ -40,6 +40,9 @@ class Principal:
     # Offline work (a Batch API line, here or at the gateway that sent it): its steps yield to
     # foreground prompts in the engine.
     background: bool = False
+    # What the sender of an engine request counted of the tenant's requests (a gateway in
+    # front of this engine): the engine's fair share sees a flood still on its way.
+    tenant_requests: int = 0
 
     @property
     def engine_tenant_id(self) -> str:

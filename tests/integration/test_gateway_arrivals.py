@@ -48,3 +48,33 @@ def test_a_burst_counts_the_requests_still_arriving_and_refusals_leave_no_count(
     assert len(following) == 8
     assert max(following) >= 1  # some were handed over while others were still arriving
     assert all(0 <= n <= 11 for n in following)
+
+
+def test_each_request_tells_the_engine_its_tenants_count_at_the_gateway(
+    tiny_llama_dir: Path,
+) -> None:
+    runtime, engine = make_runtime(tiny_llama_dir, delay_s=0.02)
+    app = create_app(gateway_settings(), engine=runtime, store=make_tenancy(), include_admin=False)
+
+    async def burst() -> tuple[list[int], dict[str, int]]:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            AsyncTestClient(app),
+            httpx.AsyncClient(transport=transport, base_url="http://testserver") as client,
+        ):
+
+            async def one(i: int, key: str) -> int:
+                body = {"model": MODEL, "prompt": f"hello {i}", "max_tokens": 3}
+                headers = {"Authorization": f"Bearer {key}"}
+                response = await client.post("/v1/completions", json=body, headers=headers)
+                return response.status_code
+
+            codes = await asyncio.gather(*(one(i, KEY_A if i < 6 else KEY_B) for i in range(9)))
+            return list(codes), dict(app.state.generation.tenant_requests)
+
+    codes, left = asyncio.run(burst())
+    assert codes.count(200) == 6 and codes.count(429) == 3
+    counts = [r.tenant_requests for r in engine.requests]
+    assert len(counts) == 6 and all(1 <= n <= 6 for n in counts)
+    assert max(counts) >= 4  # the burst was counted while it crossed the gateway
+    assert left == {}  # finished and refused requests were all counted out

@@ -54,6 +54,8 @@ def request_body(request: GenerateRequest, model: str, prompt_text: str) -> dict
         body["atrium_kv_cache_share"] = request.kv_cache_share
     if request.background:
         body["atrium_background"] = True
+    if request.tenant_requests:
+        body["atrium_tenant_requests"] = request.tenant_requests
     if request.lora_name is not None:
         body["atrium_lora_id"] = request.lora_name
         body["atrium_lora_path"] = request.lora_path

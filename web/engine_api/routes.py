@@ -67,6 +67,7 @@ def _principal(fields: wire.TenantFields) -> Principal:
         allow_public_prefix=fields.atrium_allow_public_prefix is not False,
         kv_cache_share=wire.cache_share_of(fields),
         background=fields.atrium_background is True,
+        tenant_requests=wire.tenant_requests_of(fields),
     )
 
 

@@ -7,8 +7,10 @@ headers): ``cache_salt`` is the tenant's cache namespace (the field vLLM and the
 carries the prompt exactly as the gateway counted it (``prompt`` stays text, for the router's
 prefix matching) and ``atrium_sampling`` every sampling setting; ``atrium_lora_id`` and
 ``atrium_lora_path`` name a registered LoRA adapter and its folder; ``atrium_background`` marks
-offline work (a Batch API line) whose steps yield to other prompts. The engine honours these only
-from a caller holding the engine token; everything else is refused before the body is read.
+offline work (a Batch API line) whose steps yield to other prompts; ``atrium_tenant_requests``
+is the gateway's count of the tenant's requests, which the engine's fair share ranks bursts by.
+The engine honours these only from a caller holding the engine token; everything else is refused
+before the body is read.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from web.errors import ApiError, bad_request
 from web.openai_schemas import ChatCompletionRequest, CompletionRequest
 
 MAX_CACHE_SALT_CHARS = 256
+MAX_TENANT_REQUESTS = 1_000_000
 STATE_PATH = "/atrium/v1/state"  # the engine's live snapshot (an Atrium extension)
 
 
@@ -42,6 +45,7 @@ class EngineCompletionRequest(CompletionRequest, kw_only=True):
     atrium_lora_id: str | None = None
     atrium_lora_path: str | None = None
     atrium_background: bool | None = None
+    atrium_tenant_requests: int | None = None
 
 
 class EngineChatRequest(ChatCompletionRequest, kw_only=True):
@@ -56,6 +60,7 @@ class EngineChatRequest(ChatCompletionRequest, kw_only=True):
     atrium_lora_id: str | None = None
     atrium_lora_path: str | None = None
     atrium_background: bool | None = None
+    atrium_tenant_requests: int | None = None
 
 
 TenantFields = EngineCompletionRequest | EngineChatRequest
@@ -69,6 +74,7 @@ TENANT_FIELDS = (
     "atrium_lora_id",
     "atrium_lora_path",
     "atrium_background",
+    "atrium_tenant_requests",
 )
 
 # What an engine's routes honour besides the tenant extension (``sampling_params`` of the OpenAI
@@ -143,6 +149,18 @@ def weight_of(fields: TenantFields) -> float:
     if not (math.isfinite(weight) and weight > 0):
         raise bad_request("atrium_tenant_weight must be a positive number", "atrium_tenant_weight")
     return weight
+
+
+def tenant_requests_of(fields: TenantFields) -> int:
+    count = fields.atrium_tenant_requests
+    if count is None:
+        return 0
+    if not 0 <= count <= MAX_TENANT_REQUESTS:
+        raise bad_request(
+            f"atrium_tenant_requests must be in [0, {MAX_TENANT_REQUESTS}]",
+            "atrium_tenant_requests",
+        )
+    return count
 
 
 def cache_share_of(fields: TenantFields) -> float | None:

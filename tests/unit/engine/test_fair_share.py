@@ -14,7 +14,9 @@ from engine.sampling_params import SamplingParams
 _ids = itertools.count()
 
 
-def make_request(tenant: str, weight: float = 1.0, prompt_len: int = 8) -> Request:
+def make_request(
+    tenant: str, weight: float = 1.0, prompt_len: int = 8, tenant_requests: int = 0
+) -> Request:
     rid = f"r{next(_ids)}"
     return Request(
         request_id=rid,
@@ -25,6 +27,7 @@ def make_request(tenant: str, weight: float = 1.0, prompt_len: int = 8) -> Reque
         owner=owner_tag(rid),
         arrival_index=next(_ids),
         tenant_weight=weight,
+        tenant_requests=tenant_requests,
     )
 
 
@@ -257,6 +260,38 @@ def test_among_level_tenants_the_smaller_queue_goes_first_and_the_flood_keeps_it
         order.append(request.tenant_id)
     # Each round serves every tenant once; the small queues first, the flood last.
     assert order == ["a", "b", "flood"] * 3
+
+
+def test_a_flood_still_crossing_the_gateway_ranks_by_the_gateways_count() -> None:
+    """Two of a flood's twenty requests have reached the engine, beside two light tenants' two
+    each: by the engine's own count the flood is one of them; by the gateway's it is twenty."""
+
+    def first_served(flood_at_gateway: int) -> list[str]:
+        policy = FairSharePolicy()
+        for _ in range(2):
+            policy.add(make_request("flood", tenant_requests=flood_at_gateway))
+            policy.add(make_request("a", tenant_requests=2))
+            policy.add(make_request("b", tenant_requests=2))
+        order = []
+        for _ in range(6):
+            request = policy.pop()
+            policy.charge(request, 32, 0, 0)
+            order.append(request.tenant_id)
+        return order
+
+    assert sorted(first_served(flood_at_gateway=20)[:4]) == ["a", "a", "b", "b"]
+    assert "flood" in first_served(flood_at_gateway=0)[:3]  # without the count it goes first
+
+
+def test_the_gateways_count_is_dropped_once_the_tenant_has_nothing_waiting() -> None:
+    policy = FairSharePolicy()
+    policy.add(make_request("flood", tenant_requests=20))
+    policy.pop()
+    # Its next request says nothing of the gateway: the old count does not linger.
+    policy.add(make_request("flood"))
+    policy.add(make_request("a", tenant_requests=2))
+    policy.add(make_request("a", tenant_requests=2))
+    assert policy.peek() is not None and policy.peek().tenant_id == "flood"  # type: ignore[union-attr]
 
 
 def test_longest_cached_prefix_first_within_a_tenant() -> None:
