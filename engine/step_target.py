@@ -1,13 +1,15 @@
 """The step-time target: how many decodes and prefill tokens fit in a step that must stay short.
 
-A step's time is modelled as ``fixed + per_decode × decodes + per_prefill × prefill tokens``,
-with the three costs measured when the engine starts (``engine/step_calibration.py``) and one
-scale, corrected after every step, for what the model leaves out (contexts grow, the machine's
-load moves). Every running request gets one token a step, so the step time is their time per
-output token: the scheduler admits a new request only while one more decode leaves a share of
-the step (``PREFILL_SHARE`` of what is not fixed) for prefill, and gives prefill chunks what the
-decodes leave. Under overload the rest wait in the admission queue, where the fair-share policy
-decides who goes next.
+A step's time is modelled as ``fixed + scale × (per_decode × decodes + per_prefill × prefill
+tokens)``, with the three costs measured when the engine starts (``engine/step_calibration.py``)
+and the scale, corrected after every step, for what the model leaves out: contexts grow (a decode
+over 1,300 tokens costs a few times one over the calibration's few), the machine's load moves.
+The fixed part (reading the weights once, launching the layers) does not grow with the contexts,
+so the scale leaves it out: scaling it too took room from the rows that do grow. Every running
+request gets one token a step, so the step time is their time per output token: the scheduler
+admits a new request only while one more decode leaves a share of the step (``PREFILL_SHARE`` of
+what is not fixed) for prefill, and gives prefill chunks what the decodes leave. Under overload
+the rest wait in the admission queue, where the fair-share policy decides who goes next.
 
 Pure Python, no torch: the scheduler's tests drive it with made-up costs.
 """
@@ -23,8 +25,9 @@ DEFAULT_EFFICIENCY = 0.8
 # Of a step's time beyond its fixed cost, what full batches of decodes leave for prefill chunks:
 # new requests then start within a few steps rather than at a few tokens a step.
 PREFILL_SHARE = 0.25
-# The scale moves a fraction of the way to each step's measured/predicted ratio: a half-life of
-# about sixteen steps, so one slow step (a page fault, another process) barely moves it.
+# The scale moves a fraction of the way to each step's measured/modelled ratio of the rows' time
+# (the step's beyond the fixed cost): a half-life of about sixteen steps, so one slow step (a
+# page fault, another process) barely moves it.
 SCALE_SMOOTHING = 0.042
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 
@@ -76,10 +79,8 @@ class StepTarget:
 
     def predict_s(self, num_decodes: int, num_prefill_tokens: int) -> float:
         costs = self.costs
-        return self.scale * (
-            costs.fixed_s
-            + costs.per_decode_s * num_decodes
-            + costs.per_prefill_token_s * num_prefill_tokens
+        return costs.fixed_s + self.scale * (
+            costs.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
         )
 
     @property
@@ -87,8 +88,8 @@ class StepTarget:
         """The most decodes one step holds within the target with room left for prefill (at
         least one)."""
         costs = self.costs
-        room = (self.target_s / self.scale - costs.fixed_s) * (1 - PREFILL_SHARE)
-        return max(1, int(room / costs.per_decode_s))
+        room = (self.target_s - costs.fixed_s) * (1 - PREFILL_SHARE)
+        return max(1, int(room / (self.scale * costs.per_decode_s)))
 
     def prefill_budget(self, num_decodes: int) -> int:
         """Prefill (and draft) tokens that fit beside ``num_decodes`` decodes; at least
@@ -104,8 +105,7 @@ class StepTarget:
         ``num_prefill_tokens`` other tokens in ``seconds``."""
         if num_decodes + num_prefill_tokens <= 0 or not seconds > 0:
             return
-        predicted = self.predict_s(num_decodes, num_prefill_tokens) / self.scale
-        if predicted <= 0:
-            return
-        ratio = min(max(seconds / predicted, MIN_SCALE), MAX_SCALE)
+        costs = self.costs
+        rows = costs.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
+        ratio = min(max((seconds - costs.fixed_s) / rows, MIN_SCALE), MAX_SCALE)
         self.scale += SCALE_SMOOTHING * (ratio - self.scale)

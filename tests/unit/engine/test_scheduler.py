@@ -574,7 +574,7 @@ def test_within_a_target_a_flooders_decodes_sit_out_a_step_for_a_less_served_pro
     assert "quiet0" in ran  # the quiet tenant's own decode runs
     assert [f.request_id for f in floods if f.request_id in ran] == ["flood0", "flood1"]
     assert out.num_decodes == 3
-    assert target.predict_s(out.num_decodes, 150) <= target.target_s
+    assert target.predict_s(out.num_decodes, 150) <= target.target_s + 1e-12
     out = sim.step()  # no prompt waits now: every decode runs again
     assert {f.request_id for f in floods} <= {s.request.request_id for s in out.seqs}
     sim.run()

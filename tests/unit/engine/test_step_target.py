@@ -32,12 +32,18 @@ def test_decodes_and_prefill_fill_the_target_and_prefill_always_moves() -> None:
     assert StepTarget(0.001, COSTS).max_decodes == 1  # a target below one decode: one at a time
 
 
-def test_slow_steps_raise_the_scale_and_shrink_what_fits() -> None:
+def test_slow_rows_raise_the_scale_and_shrink_what_fits_but_not_the_fixed_cost() -> None:
     target = StepTarget(0.050, COSTS)
     for _ in range(200):
-        target.observe(20, 0, 2 * target.predict_s(20, 0) / target.scale)  # twice the model
+        target.observe(20, 0, 0.010 + 2 * 20 * 0.002)  # decodes twice the model (long contexts)
     assert target.scale == pytest.approx(2.0, rel=0.02)
-    assert target.max_decodes == 5  # (25 ms - 10 ms) x 3/4 / 2 ms
+    assert target.predict_s(20, 0) == pytest.approx(0.090, rel=0.02)
+    assert target.max_decodes == 7  # (50 ms - 10 ms) x 3/4 / (2 x 2 ms)
+    assert target.prefill_budget(5) == 20  # (50 - 10 - 2 x 10 ms) / (2 x 0.5 ms)
+    # Scaling the fixed cost as well would have left (25 - 10) x 3/4 / 2 = 5 decodes.
+    for _ in range(200):  # the same rows again, on a machine whose steps are all as modelled
+        target.observe(20, 0, 0.010 + 20 * 0.002)
+    assert target.scale == pytest.approx(1.0, rel=0.02)
     one_outlier = StepTarget(0.050, COSTS)
     one_outlier.observe(20, 0, 10.0)  # one stalled step moves the scale by a few percent only
     assert one_outlier.scale < 1.5
