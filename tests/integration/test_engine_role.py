@@ -240,6 +240,20 @@ def test_a_lora_adapter_named_by_the_gateway_is_applied(
     assert "atrium_lora_id" not in request_body(GenerateRequest("r", [1], params), model, "hi")
 
 
+def handed_to_engine(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> list[Any]:  # type: ignore[type-arg]
+    """The engine requests the server hands over from now on (its engine's ``generate``, spied)."""
+    runtime = client.app.state.generation.runtime
+    seen: list[Any] = []
+    generate = runtime.engine.generate
+
+    def spy(request: Any) -> Any:
+        seen.append(request)
+        return generate(request)
+
+    monkeypatch.setattr(runtime.engine, "generate", spy)
+    return seen
+
+
 def test_background_work_is_marked_from_the_gateway_to_the_engine(
     engine: tuple[TestClient, str],  # type: ignore[type-arg]
     monkeypatch: pytest.MonkeyPatch,
@@ -253,15 +267,7 @@ def test_background_work_is_marked_from_the_gateway_to_the_engine(
     line = request_body(GenerateRequest("r", [1, 2], params, background=True), model, "hi")
     assert line["atrium_background"] is True
     assert "atrium_background" not in request_body(GenerateRequest("r", [1], params), model, "hi")
-    runtime = client.app.state.generation.runtime
-    seen: list[GenerateRequest] = []
-    generate = runtime.engine.generate
-
-    def spy(request: GenerateRequest) -> Any:
-        seen.append(request)
-        return generate(request)
-
-    monkeypatch.setattr(runtime.engine, "generate", spy)
+    seen = handed_to_engine(client, monkeypatch)
     for flag in (True, False):
         body = {"model": model, "prompt": "hi", "max_tokens": 2, "atrium_background": flag}
         assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
@@ -286,15 +292,7 @@ def test_the_gateways_count_of_a_tenants_requests_reaches_the_engine(
     assert "atrium_tenant_requests" not in request_body(
         GenerateRequest("r", [1], params), model, ""
     )
-    runtime = client.app.state.generation.runtime
-    seen: list[GenerateRequest] = []
-    generate = runtime.engine.generate
-
-    def spy(request: GenerateRequest) -> Any:
-        seen.append(request)
-        return generate(request)
-
-    monkeypatch.setattr(runtime.engine, "generate", spy)
+    seen = handed_to_engine(client, monkeypatch)
     body = {"model": model, "prompt": "hi", "max_tokens": 2, "atrium_tenant_requests": 12}
     assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
     assert seen[-1].tenant_requests == 12  # the gateway's count, larger than this server's own

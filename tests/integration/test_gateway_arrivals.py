@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
+from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from tests.integration.gateway_fakes import KEY_A, KEY_B, MODEL, make_runtime, make_tenancy
 from tests.integration.gateway_fakes import settings as gateway_settings
 from web.app import create_app
+
+
+@contextlib.asynccontextmanager
+async def completions(
+    app: Litestar, max_tokens: int
+) -> AsyncIterator[Callable[[int, str], Awaitable[int]]]:
+    """``one(i, key)`` sends completion ``i`` with ``key`` and returns its status. The test client
+    runs the app's lifespan; requests go through httpx's ASGI transport, which runs them
+    concurrently (the test client takes them one at a time)."""
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        AsyncTestClient(app),
+        httpx.AsyncClient(transport=transport, base_url="http://testserver") as client,
+    ):
+
+        async def one(i: int, key: str) -> int:
+            body = {"model": MODEL, "prompt": f"hello {i}", "max_tokens": max_tokens}
+            headers = {"Authorization": f"Bearer {key}"}
+            response = await client.post("/v1/completions", json=body, headers=headers)
+            return response.status_code
+
+        yield one
 
 
 def test_a_burst_counts_the_requests_still_arriving_and_refusals_leave_no_count(
@@ -20,20 +45,7 @@ def test_a_burst_counts_the_requests_still_arriving_and_refusals_leave_no_count(
     app = create_app(gateway_settings(), engine=runtime, store=make_tenancy(), include_admin=False)
 
     async def burst() -> tuple[list[int], int]:
-        # The test client runs the app's lifespan; requests go through httpx's ASGI transport,
-        # which runs them concurrently (the test client takes them one at a time).
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            AsyncTestClient(app),
-            httpx.AsyncClient(transport=transport, base_url="http://testserver") as client,
-        ):
-
-            async def one(i: int, key: str) -> int:
-                body = {"model": MODEL, "prompt": f"hello {i}", "max_tokens": 2}
-                headers = {"Authorization": f"Bearer {key}"}
-                response = await client.post("/v1/completions", json=body, headers=headers)
-                return response.status_code
-
+        async with completions(app, max_tokens=2) as one:
             lone = await one(0, KEY_A)
             assert lone == 200 and engine.requests[-1].num_following == 0
             # Tenant B may run nothing: its requests are refused on admission.
@@ -57,18 +69,7 @@ def test_each_request_tells_the_engine_its_tenants_count_at_the_gateway(
     app = create_app(gateway_settings(), engine=runtime, store=make_tenancy(), include_admin=False)
 
     async def burst() -> tuple[list[int], dict[str, int]]:
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            AsyncTestClient(app),
-            httpx.AsyncClient(transport=transport, base_url="http://testserver") as client,
-        ):
-
-            async def one(i: int, key: str) -> int:
-                body = {"model": MODEL, "prompt": f"hello {i}", "max_tokens": 3}
-                headers = {"Authorization": f"Bearer {key}"}
-                response = await client.post("/v1/completions", json=body, headers=headers)
-                return response.status_code
-
+        async with completions(app, max_tokens=3) as one:
             codes = await asyncio.gather(*(one(i, KEY_A if i < 6 else KEY_B) for i in range(9)))
             return list(codes), dict(app.state.generation.tenant_requests)
 
