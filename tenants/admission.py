@@ -29,10 +29,10 @@ from tenants.models import KeyRateBucket, RateBucket, Reservation, TokenBudget
 from tenants.rate_limit import Draw, drain, try_draw
 from tenants.records import UsageEvent
 from tenants.schemas import Admission, AuthContext, Quotas, Usage
-from tenants.settlement import release, take_reservation
+from tenants.settlement import BUDGET_ROW, release, take_reservation
 from tenants.tenant_service import load_tenant, quotas_of
 from tenants.timeutil import Clock, month_period, next_month_start, utc_now
-from tenants.upsert import insert_ignore, insert_ignore_stmt
+from tenants.upsert import insert_ignore_stmt
 from tenants.usage_store import insert_events
 
 CONCURRENCY_RETRY_S = 1.0
@@ -69,9 +69,10 @@ class KeyLimit:
 _LOCK_BUCKET = (
     select(RateBucket).where(RateBucket.tenant_id == bindparam("of_tenant")).with_for_update()
 )
-_SPENT = select(TokenBudget.used + TokenBudget.reserved).where(
-    TokenBudget.tenant_id == bindparam("of_tenant"), TokenBudget.period == bindparam("of_period")
+_LOCK_KEY_BUCKET = (
+    select(KeyRateBucket).where(KeyRateBucket.key_id == bindparam("of_key")).with_for_update()
 )
+_SPENT = select(TokenBudget.used + TokenBudget.reserved).where(*BUDGET_ROW)
 
 
 @functools.cache
@@ -81,10 +82,7 @@ def _reserve_stmt(token_budget: bool, cost_budget: bool) -> Any:
     need, cost = bindparam("need", type_=Integer), bindparam("cost", type_=Integer)
     stmt = (
         update(TokenBudget)
-        .where(
-            TokenBudget.tenant_id == bindparam("of_tenant"),
-            TokenBudget.period == bindparam("of_period"),
-        )
+        .where(*BUDGET_ROW)
         .values(
             reserved=TokenBudget.reserved + need, cost_reserved=TokenBudget.cost_reserved + cost
         )
@@ -215,12 +213,11 @@ class AdmissionService:
     async def _lock_key_bucket(
         self, session: AsyncSession, key_id: str, now_s: float
     ) -> KeyRateBucket:
-        locked = select(KeyRateBucket).where(KeyRateBucket.key_id == key_id).with_for_update()
-        bucket = await session.scalar(locked)
+        bucket = await session.scalar(_LOCK_KEY_BUCKET, {"of_key": key_id})
         if bucket is None:  # the key's first limited request
             row = {"key_id": key_id, "requests_drawn": 0.0, "refilled_at": now_s}
-            await session.execute(insert_ignore(self._db, KeyRateBucket, [row]))
-            bucket = await session.scalar(locked)
+            await session.execute(insert_ignore_stmt(self._db.dialect, KeyRateBucket), row)
+            bucket = await session.scalar(_LOCK_KEY_BUCKET, {"of_key": key_id})
         if bucket is None:
             raise InvalidKeyError("unknown API key")  # deleted under us: the key is gone
         return bucket

@@ -14,7 +14,7 @@ from sqlalchemy import delete, select
 
 from tenants.database import Database
 from tenants.models import ConsoleSessionRow, Setting
-from tenants.upsert import insert_ignore, insert_or_replace
+from tenants.upsert import insert_ignore_stmt, insert_or_replace
 
 KEY_SECRET = "key_hmac_secret"
 ADMIN_TOKEN_HASH = "admin_token_sha256"
@@ -32,7 +32,9 @@ def session_binding(admin_token_hash: str) -> str:
 
 async def _get_or_create(db: Database, key: str, candidate: str) -> str:
     async with db.transaction() as session:
-        await session.execute(insert_ignore(db, Setting, [{"key": key, "value": candidate}]))
+        await session.execute(
+            insert_ignore_stmt(db.dialect, Setting), {"key": key, "value": candidate}
+        )
         value = await session.scalar(select(Setting.value).where(Setting.key == key))
     return value if value is not None else candidate
 

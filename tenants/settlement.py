@@ -65,12 +65,14 @@ _FREE_SLOT = (
         ),
     )
 )
+# The month's budget row of a tenant (parameters ``of_tenant`` and ``of_period``).
+BUDGET_ROW = (
+    TokenBudget.tenant_id == bindparam("of_tenant"),
+    TokenBudget.period == bindparam("of_period"),
+)
 _CHARGE = (
     update(TokenBudget)
-    .where(
-        TokenBudget.tenant_id == bindparam("of_tenant"),
-        TokenBudget.period == bindparam("of_period"),
-    )
+    .where(*BUDGET_ROW)
     .values(
         reserved=TokenBudget.reserved - bindparam("held_tokens", type_=Integer),
         used=TokenBudget.used + bindparam("charged", type_=Integer),

@@ -1,8 +1,8 @@
 """Dialect-specific INSERT … ON CONFLICT statements for SQLite and PostgreSQL.
 
-The ``*_stmt`` forms are built once per dialect and table and run with the rows as parameters
-(one or many): request paths insert a row or two per call, and building the statement each time
-cost more CPU than running it.
+``insert_ignore_stmt`` and ``insert_or_add_stmt`` are built once per dialect and table and run
+with the rows as parameters (one or many): request paths insert a row or two per call, and
+building the statement each time cost more CPU than running it.
 """
 
 from __future__ import annotations
@@ -29,21 +29,6 @@ def _others(model: type[Base], keys: Sequence[str]) -> list[str]:
     return [c.name for c in model.__table__.columns if c.name not in keys]  # type: ignore[attr-defined]
 
 
-def insert_ignore(db: Database, model: type[Base], rows: Rows) -> Any:
-    """Insert rows, silently skipping those whose primary key already exists."""
-    return _insert(db, model, rows).on_conflict_do_nothing()
-
-
-def insert_or_add(db: Database, model: type[Base], rows: Rows, keys: Sequence[str]) -> Any:
-    """Insert rows; on a key conflict add every other column to the existing row's value."""
-    stmt = _insert(db, model, rows)
-    table = model.__table__
-    return stmt.on_conflict_do_update(
-        index_elements=list(keys),
-        set_={name: table.c[name] + stmt.excluded[name] for name in _others(model, keys)},  # type: ignore[attr-defined]
-    )
-
-
 def insert_or_replace(db: Database, model: type[Base], rows: Rows, keys: Sequence[str]) -> Any:
     """Insert rows; on a key conflict overwrite every other column with the new values."""
     stmt = _insert(db, model, rows)
@@ -60,8 +45,8 @@ def _cached_insert(dialect: str, model: type[Base]) -> Any:
 
 @functools.cache
 def insert_ignore_stmt(dialect: str, model: type[Base], returning: str | None = None) -> Any:
-    """``insert_ignore`` without rows (pass them to ``execute``), optionally returning one
-    column of the rows actually inserted."""
+    """Insert the rows passed to ``execute``, silently skipping those whose key already exists;
+    optionally returning one column of the rows actually inserted."""
     stmt = _cached_insert(dialect, model).on_conflict_do_nothing()
     if returning is not None:
         stmt = stmt.returning(model.__table__.c[returning])  # type: ignore[attr-defined]
@@ -70,7 +55,8 @@ def insert_ignore_stmt(dialect: str, model: type[Base], returning: str | None = 
 
 @functools.cache
 def insert_or_add_stmt(dialect: str, model: type[Base], keys: tuple[str, ...]) -> Any:
-    """``insert_or_add`` without rows (pass them to ``execute``)."""
+    """Insert the rows passed to ``execute``; on a conflict on ``keys`` add every other column
+    to the existing row's value."""
     stmt = _cached_insert(dialect, model)
     table = model.__table__  # type: ignore[attr-defined]
     return stmt.on_conflict_do_update(
