@@ -69,26 +69,106 @@ class GrammarCompiler:
             compiler = self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
         # Compact JSON (no free whitespace): fewer tokens, and no runs of blank lines.
         if spec.kind == "json":  # any object, with any properties
-            return compiler.compile_json_schema(
-                '{"type": "object"}', any_whitespace=False, strict_mode=False
-            )
+            return compiler.compile_grammar(json_schema_ebnf('{"type": "object"}', strict=False))
         if spec.kind == "json_schema":  # only the declared properties are ever produced
             return compiler.compile_grammar(json_schema_ebnf(spec.value))
         if spec.kind == "regex":
-            return compiler.compile_regex(spec.value)
+            regex = xgrammar.Grammar.from_regex(spec.value)
+            return compiler.compile_grammar(scalar_values(str(regex)))
         return compiler.compile_grammar(spec.ebnf())
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def json_schema_ebnf(schema: str) -> str:
+def json_schema_ebnf(schema: str, strict: bool = True) -> str:
     """The compact-JSON grammar of ``schema`` as EBNF, with strings kept to valid JSON."""
-    grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
-    text = str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
-    # The printer writes U+0000..U+00FF as two-digit \xHH, which its parser reads greedily
-    # (\xefc would be U+0EFC): written back as fixed-width \u00HH instead.
-    return _ESCAPE.sub(_fixed_width, text)
+    grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict)
+    return scalar_values(str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR))
+
+
+def scalar_values(ebnf: str) -> str:
+    """``ebnf`` (as xgrammar prints it) with no character class matching a surrogate code point.
+
+    xgrammar 0.2.8 matches U+D800..U+DFFF in a class like any other code point, as three bytes
+    (ED A0..BF 80..BF) that are not UTF-8: on a byte-level vocabulary the output then holds them,
+    they decode to three U+FFFD, and a string of at most n characters comes out longer. The
+    printer writes U+0000..U+00FF as two-digit \\xHH, which its parser reads greedily (\\xefc
+    would be U+0EFC): those are written back as fixed-width \\u00HH.
+    """
+    text = _ESCAPE.sub(_fixed_width, ebnf)
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == '"':  # a literal: copied up to its closing quote
+            end = i + 1
+            while end < len(text) and text[end] != '"':
+                end += 2 if text[end] == "\\" else 1
+            out.append(text[i : end + 1])
+            i = end + 1
+        elif char == "[":
+            end = i + 1
+            while end < len(text) and text[end] != "]":
+                end += 2 if text[end] == "\\" else 1
+            out.append(_without_surrogates(text[i + 1 : end]))
+            i = end + 1
+        else:
+            out.append(char)
+            i += 1
+    return "".join(out)
+
+
+_CLASS_ITEM = re.compile(
+    r"\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|x([0-9a-fA-F]+)|(.))|(.)", re.DOTALL
+)
+_SINGLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "f": "\f", "v": "\v", "0": "\0"}
+_SURROGATES = (0xD800, 0xDFFF)
+
+
+def _without_surrogates(body: str) -> str:
+    """One character class's body rewritten as a class that leaves the surrogates out."""
+    if body.startswith("^"):  # a negated class: the surrogates join what it excludes
+        return f"[{body}\\uD800-\\uDFFF]"
+    points = [_code_point(m) for m in _CLASS_ITEM.finditer(body)]
+    pieces = [m.group(0) for m in _CLASS_ITEM.finditer(body)]
+    ranges: list[tuple[int, int]] = []
+    spans: list[str] = []
+    changed = False
+    k = 0
+    while k < len(points):
+        if k + 2 < len(points) and pieces[k + 1] == "-":
+            low, high, source = points[k], points[k + 2], "".join(pieces[k : k + 3])
+            k += 3
+        else:
+            low, high, source = points[k], points[k], pieces[k]
+            k += 1
+        if high < _SURROGATES[0] or low > _SURROGATES[1]:
+            spans.append(source)
+            continue
+        changed = True
+        if low < _SURROGATES[0]:
+            ranges.append((low, _SURROGATES[0] - 1))
+        if high > _SURROGATES[1]:
+            ranges.append((_SURROGATES[1] + 1, high))
+    if not changed:
+        return f"[{body}]"
+    spans.extend(f"{_class_char(low)}-{_class_char(high)}" for low, high in ranges)
+    return f"[{''.join(spans)}]" if spans else f"[{body}]"  # only surrogates: left to refuse
+
+
+def _code_point(item: re.Match[str]) -> int:
+    hex_digits = item.group(1) or item.group(2) or item.group(3)
+    if hex_digits:
+        return int(hex_digits, 16)
+    escaped = item.group(4)
+    if escaped is not None:
+        return ord(_SINGLE_ESCAPES.get(escaped, escaped))
+    return ord(item.group(5))
+
+
+def _class_char(code_point: int) -> str:
+    return f"\\U{code_point:08x}" if code_point > 0xFFFF else f"\\u{code_point:04x}"
 
 
 def _fixed_width(match: re.Match[str]) -> str:

@@ -189,6 +189,35 @@ def test_schema_grammars_keep_non_ascii_literals_and_refuse_control_characters(
     compiler.close()
 
 
+@pytest.mark.parametrize(
+    ("spec", "prefix", "suffix"),
+    [
+        (GrammarSpec("json"), b'{"k": "', b'"}'),
+        (GrammarSpec.json_schema(SCHEMA), b'{"name": "', b'", "n": 1, "tags": []}'),
+        (GrammarSpec("regex", ".{1,3}"), b"", b""),
+        (GrammarSpec("regex", "[\\u0000-\\uffff]+"), b"", b""),
+        (GrammarSpec("regex", "[^a]+"), b"", b""),
+    ],
+)
+def test_grammars_match_characters_never_surrogate_bytes(
+    tiny: LoadedModel, spec: GrammarSpec, prefix: bytes, suffix: bytes
+) -> None:
+    # ED A0 80 encodes U+D800, which UTF-8 excludes: decoded, it is three U+FFFD, so a string of
+    # at most n characters would come out longer than n.
+    compiler = GrammarCompiler(tiny.tokenizer.hf, tiny.config.vocab_size, (258,))
+    compiled = compiler.compile(spec).result()
+
+    def accepts(middle: bytes) -> bool:
+        matcher = xgrammar.GrammarMatcher(compiled)
+        return matcher.accept_string(prefix + middle + suffix) and matcher.is_completed()
+
+    assert accepts("é".encode()) and accepts("中".encode()) and accepts("\uffef".encode())
+    assert not accepts(b"\xed\xa0\x80") and not accepts(b"\xed\xbf\xbf")
+    if spec.kind != "regex" or "ffff" not in spec.value:
+        assert accepts("😀".encode())
+    compiler.close()
+
+
 def test_chunked_prefill_and_prefix_hits_keep_the_grammar(tiny: LoadedModel) -> None:
     """A 150-token prompt in 32-token chunks beside decodes; the second wave hits the cache."""
     engine = make_engine(tiny, max_num_batched_tokens=32)
