@@ -6,17 +6,18 @@ the budget is reserved with one conditional UPDATE, so no interleaving of proces
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Integer, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.cost_budget import price_at, worst_cost
-from tenants.database import Database
+from tenants.database import Database, is_unavailable
 from tenants.errors import (
     DuplicateRequestError,
     InvalidInputError,
@@ -29,13 +30,28 @@ from tenants.models import KeyRateBucket, RateBucket, Reservation, TokenBudget
 from tenants.rate_limit import Draw, drain, try_draw
 from tenants.records import UsageEvent
 from tenants.schemas import Admission, AuthContext, Quotas, Usage
-from tenants.settlement import BUDGET_ROW, release, take_reservation
+from tenants.settlement import BUDGET_ROW, Charge, release_all, take_reservations
 from tenants.tenant_service import load_tenant, quotas_of
 from tenants.timeutil import Clock, month_period, next_month_start, utc_now
 from tenants.upsert import insert_ignore_stmt
 from tenants.usage_store import insert_events
 
 CONCURRENCY_RETRY_S = 1.0
+MAX_GROUP = 256  # settlements written in one transaction at most
+
+
+class _Settling(NamedTuple):
+    """A settlement waiting for its group's transaction."""
+
+    admission: Admission
+    usage: Usage
+    event: UsageEvent | None
+    done: asyncio.Future[bool]
+
+
+def _fail(done: asyncio.Future[bool], error: Exception) -> None:
+    if not done.done():
+        done.set_exception(error)
 
 
 @dataclass(slots=True)
@@ -103,6 +119,8 @@ class AdmissionService:
     def __init__(self, db: Database, clock: Clock = utc_now) -> None:
         self._db = db
         self._clock = clock
+        self._settling: list[_Settling] = []  # settlements waiting for the next transaction
+        self._settler: asyncio.Task[None] | None = None  # writes them, one group at a time
 
     async def admit(
         self,
@@ -181,18 +199,78 @@ class AdmissionService:
         self, admission: Admission, usage: Usage, event: UsageEvent | None = None
     ) -> bool:
         """Release the slot and the reservation, charging ``usage`` to the month it was
-        admitted in, and store ``event`` in the same transaction. Idempotent: only the first
-        settlement of a request id (this, or a reclaimer's) does anything."""
+        admitted in, and store ``event`` in the same transaction; True when this call took the
+        reservation. Idempotent: only the first settlement of a request id (this, or a
+        reclaimer's) does anything.
+
+        Settlements that arrive while one is being written are written together, in one
+        transaction of a few statements (group commit): requests that end at once (a burst's
+        answers) cost the database, and the gateway's loop, little more than one."""
+        loop = asyncio.get_running_loop()
+        settling = _Settling(admission, usage, event, loop.create_future())
+        self._settling.append(settling)
+        if self._settler is None or self._settler.get_loop() is not loop:
+            self._settler = loop.create_task(self._settle_queued())
+        return await asyncio.shield(settling.done)
+
+    async def _settle_queued(self) -> None:
+        group: list[_Settling] = []
+        try:
+            while self._settling:
+                group, self._settling = self._settling[:MAX_GROUP], self._settling[MAX_GROUP:]
+                results: list[bool | Exception]
+                try:
+                    results = list(await self._settle_group(group))
+                except Exception as error:
+                    if len(group) == 1 or is_unavailable(error):
+                        for settling in group:
+                            _fail(settling.done, error)
+                        continue
+                    # One settlement's failure (its usage row refused) fails no other: each alone.
+                    results = [await self._settle_alone(settling) for settling in group]
+                for settling, result in zip(group, results, strict=True):
+                    if isinstance(result, Exception):
+                        _fail(settling.done, result)
+                    elif not settling.done.done():
+                        settling.done.set_result(result)
+        except asyncio.CancelledError:  # the loop is closing: nobody is left to wait
+            for settling in group + self._settling:
+                settling.done.cancel()
+            self._settling = []
+            raise
+        finally:
+            if self._settler is asyncio.current_task():
+                self._settler = None
+
+    async def _settle_alone(self, settling: _Settling) -> bool | Exception:
+        try:
+            return (await self._settle_group([settling]))[0]
+        except Exception as error:
+            return error
+
+    async def _settle_group(self, group: list[_Settling]) -> list[bool]:
+        """Settle ``group`` in one transaction; whether each took its reservation (of two
+        settlements of one request id, the first)."""
         async with self._db.transaction() as session:
-            held = await take_reservation(session, admission.request_id)
-            if held is None:
-                return False
-            if event is not None:
-                await insert_events(self._db, session, [event])
-            await release(
-                session, held, usage.total_tokens, usage.cached_tokens, usage.completion_tokens
-            )
-        return True
+            held = await take_reservations(session, [s.admission.request_id for s in group])
+            taken: list[bool] = []
+            charges: list[Charge] = []
+            events: list[UsageEvent] = []
+            for settling in group:
+                mine = held.pop(settling.admission.request_id, None)  # a second one finds none
+                taken.append(mine is not None)
+                if mine is None:
+                    continue
+                usage = settling.usage
+                charges.append(
+                    Charge(mine, usage.total_tokens, usage.cached_tokens, usage.completion_tokens)
+                )
+                if settling.event is not None:
+                    events.append(settling.event)
+            if events:
+                await insert_events(self._db, session, events)
+            await release_all(session, charges)
+        return taken
 
     async def _lock_bucket(self, session: AsyncSession, tenant_id: str, now_s: float) -> RateBucket:
         row = {

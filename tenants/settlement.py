@@ -1,16 +1,18 @@
-"""Settling a reservation: take its row, free the slot and the unused tokens, charge the usage.
+"""Settling reservations: take their rows, free the slots and the unused tokens, charge the usage.
 
-Shared by a gateway settling its own request and by the reclaimer settling a dead gateway's.
-Rows are locked in one order everywhere: reservation, usage rows, rate bucket, then budget
-(admission locks bucket then budget; the meter locks usage rows then budget).
+Shared by a gateway settling its own requests (several in one transaction when they end
+together) and by the reclaimer settling a dead gateway's. Rows are locked in one order
+everywhere: reservations, usage rows, rate buckets, then budgets, each kind by key (admission
+locks bucket then budget; the meter locks usage rows then budget).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Integer, bindparam, case, delete, update
+from sqlalchemy import ColumnElement, Integer, Table, bindparam, case, delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.batch_store import batch_of_request
@@ -36,30 +38,46 @@ class Held(NamedTuple):
 
 
 # Built once (statements cost more CPU to build than to run); parameters by name.
+_HELD_COLUMNS = (
+    Reservation.request_id,
+    Reservation.tenant_id,
+    Reservation.period,
+    Reservation.tokens,
+    Reservation.created_at,
+    Reservation.key_id,
+    Reservation.model,
+    Reservation.prompt_tokens,
+    Reservation.cost,
+)
 _TAKE = (
     delete(Reservation)
     .where(Reservation.request_id == bindparam("request_id"))
-    .returning(
-        Reservation.request_id,
-        Reservation.tenant_id,
-        Reservation.period,
-        Reservation.tokens,
-        Reservation.created_at,
-        Reservation.key_id,
-        Reservation.model,
-        Reservation.prompt_tokens,
-        Reservation.cost,
-    )
+    .returning(*_HELD_COLUMNS)
 )
-_FREE_SLOT = (
-    update(RateBucket)
-    .where(RateBucket.tenant_id == bindparam("of_tenant"))
+_TAKE_MANY = (
+    delete(Reservation)
+    .where(Reservation.request_id.in_(bindparam("request_ids", expanding=True)))
+    .returning(*_HELD_COLUMNS)
+)
+# Core tables, so that a list of parameter sets is one plain executemany. Freeing n slots and
+# refunding r tokens at once ends where n single settlements would: each clamps at zero.
+_buckets: Table = RateBucket.__table__  # type: ignore[assignment]
+_budgets: Table = TokenBudget.__table__  # type: ignore[assignment]
+_FREE_SLOTS = (
+    update(_buckets)
+    .where(_buckets.c.tenant_id == bindparam("of_tenant"))
     .values(
-        in_flight=case((RateBucket.in_flight > 0, RateBucket.in_flight - 1), else_=0),
+        in_flight=case(
+            (
+                _buckets.c.in_flight > bindparam("slots", type_=Integer),
+                _buckets.c.in_flight - bindparam("slots", type_=Integer),
+            ),
+            else_=0,
+        ),
         tokens_drawn=case(
             (
-                RateBucket.tokens_drawn > bindparam("refund", type_=Integer),
-                RateBucket.tokens_drawn - bindparam("refund", type_=Integer),
+                _buckets.c.tokens_drawn > bindparam("refund", type_=Integer),
+                _buckets.c.tokens_drawn - bindparam("refund", type_=Integer),
             ),
             else_=0.0,
         ),
@@ -71,15 +89,27 @@ BUDGET_ROW = (
     TokenBudget.period == bindparam("of_period"),
 )
 _CHARGE = (
-    update(TokenBudget)
-    .where(*BUDGET_ROW)
+    update(_budgets)
+    .where(
+        _budgets.c.tenant_id == bindparam("of_tenant"), _budgets.c.period == bindparam("of_period")
+    )
     .values(
-        reserved=TokenBudget.reserved - bindparam("held_tokens", type_=Integer),
-        used=TokenBudget.used + bindparam("charged", type_=Integer),
-        cost_reserved=TokenBudget.cost_reserved - bindparam("held_cost", type_=Integer),
-        cost_used=TokenBudget.cost_used + bindparam("used_cost", type_=Integer),
+        reserved=_budgets.c.reserved - bindparam("held_tokens", type_=Integer),
+        used=_budgets.c.used + bindparam("charged", type_=Integer),
+        cost_reserved=_budgets.c.cost_reserved - bindparam("held_cost", type_=Integer),
+        cost_used=_budgets.c.cost_used + bindparam("used_cost", type_=Integer),
     )
 )
+
+
+class Charge(NamedTuple):
+    """A taken reservation and what its request used: ``charged`` tokens in all, ``cached`` of
+    the prompt from the cache, ``completion`` of them output."""
+
+    held: Held
+    charged: int
+    cached: int = 0
+    completion: int = 0
 
 
 async def take_reservation(
@@ -94,6 +124,12 @@ async def take_reservation(
     return Held(*row)
 
 
+async def take_reservations(session: AsyncSession, request_ids: Sequence[str]) -> dict[str, Held]:
+    """Delete the reservations of ``request_ids`` that are still there; returns them by id."""
+    result: Any = await session.execute(_TAKE_MANY, {"request_ids": sorted(set(request_ids))})
+    return {row[0]: Held(*row) for row in result}
+
+
 async def release(
     session: AsyncSession, held: Held, charged: int, cached: int = 0, completion: int = 0
 ) -> None:
@@ -101,24 +137,51 @@ async def release(
     reservation to ``charged`` tokens used in the month it was admitted in (and, with a cost
     reservation, to what they cost: ``completion`` of them output, ``cached`` of the prompt
     from the cache; never more than was reserved)."""
-    cost = 0
-    if held.cost > 0:
-        price = await price_at(session, held.model, held.created_at)
-        cost = min(held.cost, used_cost(price, charged - completion, cached, completion))
-        if price is not None and batch_of_request(held.request_id) is not None:
-            cost = cost * (100 - price.batch_discount_percent) // 100  # as the export bills it
-    refund = max(0, held.tokens - charged)  # unused max_tokens flow back
-    await session.execute(_FREE_SLOT, {"of_tenant": held.tenant_id, "refund": refund})
+    await release_all(session, [Charge(held, charged, cached, completion)])
+
+
+async def release_all(session: AsyncSession, charges: Sequence[Charge]) -> None:
+    """``release`` for each of ``charges``, with one statement per kind of row: each tenant's
+    bucket and each month's budget row is updated once, by the sums."""
+    buckets: dict[str, list[int]] = {}  # tenant: slots, refund
+    budgets: dict[tuple[str, str], list[int]] = {}  # (tenant, period): held, charged, costs
+    for held, charged, cached, completion in charges:
+        cost = 0
+        if held.cost > 0:
+            price = await price_at(session, held.model, held.created_at)
+            cost = min(held.cost, used_cost(price, charged - completion, cached, completion))
+            if price is not None and batch_of_request(held.request_id) is not None:
+                cost = cost * (100 - price.batch_discount_percent) // 100  # as the export bills
+        bucket = buckets.setdefault(held.tenant_id, [0, 0])
+        bucket[0] += 1
+        bucket[1] += max(0, held.tokens - charged)  # unused max_tokens flow back
+        budget = budgets.setdefault((held.tenant_id, held.period), [0, 0, 0, 0])
+        budget[0] += held.tokens
+        budget[1] += charged
+        budget[2] += held.cost
+        budget[3] += cost
+    if not buckets:
+        return
+    await session.execute(
+        _FREE_SLOTS,
+        [
+            {"of_tenant": tenant, "slots": slots, "refund": refund}
+            for tenant, (slots, refund) in sorted(buckets.items())
+        ],
+    )
     await session.execute(
         _CHARGE,
-        {
-            "of_tenant": held.tenant_id,
-            "of_period": held.period,
-            "held_tokens": held.tokens,
-            "charged": charged,
-            "held_cost": held.cost,
-            "used_cost": cost,
-        },
+        [
+            {
+                "of_tenant": tenant,
+                "of_period": period,
+                "held_tokens": sums[0],
+                "charged": sums[1],
+                "held_cost": sums[2],
+                "used_cost": sums[3],
+            }
+            for (tenant, period), sums in sorted(budgets.items())
+        ],
     )
 
 

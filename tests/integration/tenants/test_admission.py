@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import event, select
 
 from tenants.errors import (
     DuplicateRequestError,
@@ -12,7 +13,9 @@ from tenants.errors import (
     QuotaExceededError,
     TenantSuspendedError,
 )
-from tenants.schemas import Quotas, TenantCreate, TenantPatch, Usage
+from tenants.models import RateBucket, TokenBudget, UsageEventRow
+from tenants.records import UsageEvent
+from tenants.schemas import Admission, Quotas, TenantCreate, TenantPatch, Usage
 
 
 async def _tenant(domain, **quotas):
@@ -173,3 +176,79 @@ async def _tenant_named(domain, name):
     tenant = await domain.tenants.create(TenantCreate(name=name))
     _, secret = await domain.keys.create_key(tenant.id)
     return await domain.keys.authenticate(secret)
+
+
+def test_settlements_that_end_together_are_written_together(open_domain) -> None:
+    """Settlements arriving while one is being written share the next transaction; the books
+    end exactly where one-by-one settlements leave them, and a second settlement of a request
+    id in the same group takes nothing."""
+
+    async def body() -> None:
+        async with open_domain() as domain:
+            quotas = {"tokens_per_minute": 100_000, "monthly_token_budget": 100_000}
+            contexts = []
+            for name in ("t-a", "t-b", "t-c"):
+                tenant = await domain.tenants.create(
+                    TenantCreate(name=name, quotas=Quotas(**quotas))
+                )
+                _, secret = await domain.keys.create_key(tenant.id)
+                contexts.append(await domain.keys.authenticate(secret))
+            admitted = [
+                await domain.admission.admit(ctx, f"{ctx.tenant_id}-{i}", 100 + i, 50, model="m")
+                for ctx in contexts
+                for i in range(5)
+            ]
+            usages = [Usage(prompt_tokens=100 + i % 5, completion_tokens=3 * i) for i in range(15)]
+            commits: list[object] = []
+            engine = domain.db.engine.sync_engine
+
+            def count(connection: object) -> None:
+                commits.append(connection)
+
+            event.listen(engine, "commit", count)
+            try:
+                results = await asyncio.gather(
+                    *(
+                        domain.admission.settle(a, u, _event(a, u))
+                        for a, u in zip(admitted, usages, strict=True)
+                    ),
+                    domain.admission.settle(admitted[3], usages[3]),  # a second one: nothing
+                )
+            finally:
+                event.remove(engine, "commit", count)
+            assert results == [True] * 15 + [False]
+            assert len(commits) == 1  # all sixteen arrived before the first was written
+            async with domain.db.sessions() as session:
+                buckets = {
+                    b.tenant_id: (b.in_flight, b.tokens_drawn)
+                    for b in (await session.scalars(select(RateBucket))).all()
+                }
+                budgets = {
+                    b.tenant_id: (b.used, b.reserved)
+                    for b in (await session.scalars(select(TokenBudget))).all()
+                }
+                events = (await session.scalars(select(UsageEventRow))).all()
+            for t, ctx in enumerate(contexts):
+                used = sum(usages[5 * t + i].total_tokens for i in range(5))
+                assert buckets[ctx.tenant_id] == (0, used)  # the unused tokens flowed back
+                assert budgets[ctx.tenant_id] == (used, 0)
+            assert sorted((e.request_id, e.completion_tokens) for e in events) == sorted(
+                (a.request_id, u.completion_tokens) for a, u in zip(admitted, usages, strict=True)
+            )
+
+    asyncio.run(body())
+
+
+def _event(admission: Admission, usage: Usage) -> UsageEvent:
+    return UsageEvent(
+        request_id=admission.request_id,
+        tenant_id=admission.tenant_id,
+        key_id=admission.key_id,
+        model="m",
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=0,
+        completion_tokens=usage.completion_tokens,
+        status="ok",
+        started_at=admission.admitted_at,
+        finished_at=admission.admitted_at,
+    )
