@@ -34,6 +34,7 @@ import structlog
 from engine.async_engine import SNAPSHOT_INTERVAL_S, EngineClient, Sink
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
+from engine.heap import freeze_startup
 from engine.llm_engine import LLMEngine
 from engine.load_progress import progress_for
 from engine.lora.adapter import AdapterError
@@ -78,6 +79,7 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
     except Exception as exc:  # a bad path or a broken file: the parent reports it
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    freeze_startup()  # the loaded model is never garbage: full collections skip it
     results.send(("ready", name, engine.max_model_len, engine.snapshot()))
     try:
         _ChildLoop(engine, commands, results).run()

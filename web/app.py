@@ -16,6 +16,7 @@ from litestar.datastructures import State
 from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
+from engine.heap import frozen_startup
 from web import batch_routes, health, routes_openai
 from web.auth_limiter import STATE_KEY as AUTH_LIMITER
 from web.auth_limiter import FailedAuthLimiter
@@ -299,7 +300,8 @@ def create_app(
                 closers.append(delivery.stop)
             for served in runtimes:
                 log.info("gateway_ready", model=served.name, max_model_len=served.max_model_len)
-            yield
+            with frozen_startup():  # full collections skip what start-up built
+                yield
             runner = app.state.get("batch_runner")
             if runner is not None:  # its lines go back to pending, settled before the drain ends
                 await runner.stop()

@@ -5,6 +5,7 @@ per-tenant gauges reach /metrics (tenant gauges only with tenant labels on)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,12 @@ def test_engine_steps_are_not_traced_without_an_exporter(tiny_llama_dir: Path) -
         assert client.app.state.generation.trace_steps is False
     with _serve(tiny_llama_dir, InMemorySpanExporter()) as client:
         assert client.app.state.generation.trace_steps is True
+
+
+def test_start_up_objects_are_frozen_while_the_gateway_serves(tiny_llama_dir: Path) -> None:
+    # A full collection walking them paused every request for 0.15-0.36 s on two cores.
+    assert gc.get_freeze_count() == 0
+    with _serve(tiny_llama_dir) as client:
+        assert gc.get_freeze_count() > 1000
+        assert _chat(client, KEY_A).status_code == 200
+    assert gc.get_freeze_count() == 0  # a stopped gateway's objects are collectable again

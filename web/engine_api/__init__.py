@@ -18,6 +18,7 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers.base import BaseRouteHandler
 
+from engine.heap import frozen_startup
 from engine.stats import EngineSnapshot
 from web.engine_api import ops, routes
 from web.engine_api.metrics import ModelServerCollector
@@ -81,7 +82,8 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
             app.state.generation = service
             following = start_following(raw_engine, settings.gateway_url, settings.engine_token)
             log.info("engine_ready", model=loaded.name, max_model_len=loaded.max_model_len)
-            yield
+            with frozen_startup():  # full collections skip what start-up built
+                yield
             await service.drain(settings.drain_grace_s)
         finally:
             if following is not None:
