@@ -30,6 +30,9 @@ class Load:
     output_len: int = 48
 
 
+QUIET_S = 3.0  # seconds between a flood round's runs
+
+
 def _specs(load: Load, tenant: str, count: int, seed: int) -> list[RequestSpec]:
     rng = random.Random(seed)
     return [
@@ -168,7 +171,11 @@ async def flood_run(
         ]
         return [r for rs in await asyncio.gather(*loops) for r in rs]
 
+    # Each run starts on an idle server: the requests the last one cut off at its end are
+    # aborted within a step or two, and must not sit in the next run's first steps.
+    await asyncio.sleep(QUIET_S)
     calm = await run(light, seed)
+    await asyncio.sleep(QUIET_S)
     flood = await run([*light, flooder], seed + 100)
     calm_stats = {t: _ttft_stats(calm, t) for t in light}
     flood_stats = {t: _ttft_stats(flood, t) for t in light}
