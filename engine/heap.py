@@ -3,7 +3,7 @@
 A full collection walks every live container object. A serving process ends its start-up
 holding hundreds of thousands that live as long as it does (modules, the tokenizer, the model's
 modules and weights' wrappers, compiled SQL and routes); walking them paused the gateway and the
-engine for 0.15-0.36 s a time on a 2-core Xeon, with every request in flight waiting. Once
+engine for 0.15-0.36 s a time on a 2-core AMD EPYC, with every request in flight waiting. Once
 start-up is over they go to the permanent generation (``gc.freeze``), and full collections walk
 only what serving has created since.
 """
