@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import structlog
 from litestar import Request, Response, get, post
@@ -28,6 +30,8 @@ from web.service_generation import GenerationService, Job
 from web.structured_output import checked_grammar
 from web.tenancy import Principal, Tenancy
 from web.tracing import incoming_context
+
+T = TypeVar("T")
 
 INFERENCE = "inference"  # the key scope that generation needs
 
@@ -63,6 +67,35 @@ async def _authenticate(request: Request[Any, Any, Any], scope: str | None = Non
     if scope is not None and scope not in principal.scopes:
         raise ApiError(401, f"This API key lacks the `{scope}` scope.", code="missing_scope")
     return principal
+
+
+async def while_connected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """``work``'s result, unless the client leaves first. A request waiting in the engine's queue,
+    or a whole answer being computed, sends nothing until then, so nothing else notices: the
+    engine would compute (and the tenant's fair share pay for) an answer nobody reads. On a
+    disconnect ``work`` is cancelled, which aborts the engine request and records its usage as
+    a disconnect, and 499 ends the handler (the client never sees it)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # the engine request is aborted and its usage recorded
+        gone.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+    if gone.done() and not gone.cancelled() and task.cancelled():
+        raise ApiError(499, "The client closed the request.", code="client_closed_request")
+    return task.result()
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Return once the client has gone (the body has been read: nothing else comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _new_request_id(prefix: str) -> str:
@@ -129,7 +162,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             adapter,
         )
     outputs = service.outputs(job)
-    first = await service.first_output(job, outputs)
+    first = await while_connected(request, service.first_output(job, outputs))
     if body.stream:
         events = sse.chat_events(
             service,
@@ -142,7 +175,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
             tools=None if plan is None else chat_tools.ChatStreamTools(plan),
         )
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
-    answers = await collect(service, job, first, outputs)
+    answers = await while_connected(request, collect(service, job, first, outputs))
     names = TokenNames(service.runtime.tokenizer)
     choices = []
     for answer in answers:
@@ -182,7 +215,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         )
         echo = await echo_texts(service, job) if body.echo else None
     outputs = service.outputs(job)
-    first = await service.first_output(job, outputs)
+    first = await while_connected(request, service.first_output(job, outputs))
     if body.stream:
         events = sse.completion_events(
             service,
@@ -195,7 +228,7 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
             echo=echo,
         )
         return Stream(events, media_type=sse.MEDIA_TYPE, headers={**sse.HEADERS, **_headers(job)})
-    answers = await collect(service, job, first, outputs)
+    answers = await while_connected(request, collect(service, job, first, outputs))
     names = TokenNames(service.runtime.tokenizer)
     choices = []
     for answer in answers:

@@ -157,3 +157,67 @@ def test_a_request_cancelled_during_admission_hands_its_reservation_back(
         (u.request_id, u.status, u.prompt_tokens, u.completion_tokens) for u in tenancy.usage
     ] == [("req-gone", "disconnect", 0, 0)]
     assert engine.requests == []  # nothing reached the engine
+
+
+async def send_then_leave(app: Litestar, body: dict[str, Any], leave_after_s: float) -> float:
+    """Send one request over raw ASGI, disconnect ``leave_after_s`` later (before any answer);
+    returns how long the handler took to end."""
+    sent_request = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_request
+        if not sent_request:
+            sent_request = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await asyncio.sleep(leave_after_s)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        return None
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {KEY_A}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+        "client": ("127.0.0.1", 1234),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
+    }
+    async with app.lifespan():
+        started = asyncio.get_running_loop().time()
+        await app(scope, receive, send)  # type: ignore[arg-type]
+        took = asyncio.get_running_loop().time() - started
+        service: GenerationService = app.state.generation
+        for _ in range(100):
+            if not service.active and not service._tasks:
+                break
+            await asyncio.sleep(0.02)
+    return took
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_gone_before_the_first_token_is_aborted_at_once(
+    tiny_llama_dir: Path, stream: bool
+) -> None:
+    # Nothing is sent to a client until its first token (a whole answer unstreamed): the
+    # engine would otherwise compute the answer for nobody, charged to the tenant's share.
+    runtime, engine = make_runtime(tiny_llama_dir, delay_s=0.5)
+    tenancy = make_tenancy()
+    app = create_app(settings(), engine=runtime, store=tenancy, include_admin=False)
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 20, "stream": stream}
+    took = asyncio.run(send_then_leave(app, body, leave_after_s=0.1))
+    assert took < 0.45  # not the 0.5 s of the first token, nor the 10 s of the whole answer
+    [usage] = tenancy.usage
+    assert engine.aborted == [usage.request_id]
+    assert (usage.status, usage.completion_tokens) == ("disconnect", 0)
+    assert tenancy.running["tenant-a"] == 0  # the reservation was settled
