@@ -130,8 +130,9 @@ def _without_surrogates(body: str) -> str:
     """One character class's body rewritten as a class that leaves the surrogates out."""
     if body.startswith("^"):  # a negated class: the surrogates join what it excludes
         return f"[{body}\\uD800-\\uDFFF]"
-    points = [_code_point(m) for m in _CLASS_ITEM.finditer(body)]
-    pieces = [m.group(0) for m in _CLASS_ITEM.finditer(body)]
+    items = list(_CLASS_ITEM.finditer(body))
+    points = [_code_point(m) for m in items]
+    pieces = [m.group(0) for m in items]
     ranges: list[tuple[int, int]] = []
     spans: list[str] = []
     changed = False

@@ -4,7 +4,9 @@ a draining gateway refuses new work with 503 and Retry-After."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,16 @@ from web.service_generation import GenerationService
 from web.tenancy import InMemoryTenancy, InMemoryTenant, Ticket
 
 
-async def stream_then_leave(app: Litestar, body: dict[str, Any], keep_chunks: int) -> list[bytes]:
-    """Send one request over raw ASGI and disconnect after ``keep_chunks`` body chunks."""
-    received: list[bytes] = []
-    enough = asyncio.Event()
+async def serve_then_leave(
+    app: Litestar,
+    path: str,
+    body: dict[str, Any],
+    leave: Callable[[], Awaitable[object]],
+    on_body: Callable[[bytes], None] = lambda chunk: None,
+) -> float:
+    """Send one request to ``path`` over raw ASGI; the client disconnects once ``leave()``
+    returns, and each body chunk it receives goes to ``on_body``. Returns how long the handler
+    took, after waiting for the request's books to close."""
     sent_request = False
 
     async def receive() -> dict[str, Any]:
@@ -30,14 +38,12 @@ async def stream_then_leave(app: Litestar, body: dict[str, Any], keep_chunks: in
         if not sent_request:
             sent_request = True
             return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
-        await enough.wait()
+        await leave()
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.body" and message.get("body"):
-            received.append(message["body"])
-            if len(received) >= keep_chunks:
-                enough.set()
+            on_body(message["body"])
 
     scope = {
         "type": "http",
@@ -45,8 +51,8 @@ async def stream_then_leave(app: Litestar, body: dict[str, Any], keep_chunks: in
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
         "headers": [
@@ -58,12 +64,28 @@ async def stream_then_leave(app: Litestar, body: dict[str, Any], keep_chunks: in
         "state": {},
     }
     async with app.lifespan():
+        started = asyncio.get_running_loop().time()
         await app(scope, receive, send)  # type: ignore[arg-type]
+        took = asyncio.get_running_loop().time() - started
         service: GenerationService = app.state.generation
         for _ in range(100):
             if not service.active and not service._tasks:
                 break
             await asyncio.sleep(0.02)
+    return took
+
+
+async def stream_then_leave(app: Litestar, body: dict[str, Any], keep_chunks: int) -> list[bytes]:
+    """Stream a chat answer and disconnect after ``keep_chunks`` body chunks."""
+    received: list[bytes] = []
+    enough = asyncio.Event()
+
+    def on_body(chunk: bytes) -> None:
+        received.append(chunk)
+        if len(received) >= keep_chunks:
+            enough.set()
+
+    await serve_then_leave(app, "/v1/chat/completions", body, enough.wait, on_body)
     return received
 
 
@@ -159,52 +181,6 @@ def test_a_request_cancelled_during_admission_hands_its_reservation_back(
     assert engine.requests == []  # nothing reached the engine
 
 
-async def send_then_leave(app: Litestar, body: dict[str, Any], leave_after_s: float) -> float:
-    """Send one request over raw ASGI, disconnect ``leave_after_s`` later (before any answer);
-    returns how long the handler took to end."""
-    sent_request = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent_request
-        if not sent_request:
-            sent_request = True
-            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
-        await asyncio.sleep(leave_after_s)
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        return None
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"authorization", f"Bearer {KEY_A}".encode()),
-            (b"content-type", b"application/json"),
-        ],
-        "client": ("127.0.0.1", 1234),
-        "server": ("127.0.0.1", 8000),
-        "state": {},
-    }
-    async with app.lifespan():
-        started = asyncio.get_running_loop().time()
-        await app(scope, receive, send)  # type: ignore[arg-type]
-        took = asyncio.get_running_loop().time() - started
-        service: GenerationService = app.state.generation
-        for _ in range(100):
-            if not service.active and not service._tasks:
-                break
-            await asyncio.sleep(0.02)
-    return took
-
-
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_gone_before_the_first_token_is_aborted_at_once(
     tiny_llama_dir: Path, stream: bool
@@ -215,7 +191,9 @@ def test_a_client_gone_before_the_first_token_is_aborted_at_once(
     tenancy = make_tenancy()
     app = create_app(settings(), engine=runtime, store=tenancy, include_admin=False)
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 20, "stream": stream}
-    took = asyncio.run(send_then_leave(app, body, leave_after_s=0.1))
+    took = asyncio.run(
+        serve_then_leave(app, "/v1/completions", body, functools.partial(asyncio.sleep, 0.1))
+    )
     assert took < 0.45  # not the 0.5 s of the first token, nor the 10 s of the whole answer
     [usage] = tenancy.usage
     assert engine.aborted == [usage.request_id]
