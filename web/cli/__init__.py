@@ -1,5 +1,5 @@
-"""The ``atrium`` command line: every ``web.cli_*`` module and ``web.cli.*_commands`` module
-registers its subcommands (``register(subparsers)``, setting ``func(args) -> int`` as default).
+"""The ``atrium`` command line: every module of ``COMMAND_MODULES`` registers its subcommands
+(``register(subparsers)``, setting ``func(args) -> int`` as default).
 """
 
 from __future__ import annotations
@@ -7,14 +7,24 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pkgutil
 import sys
 from collections.abc import Sequence
 
-import web
-from web.logging import configure_logging
+from web.ops.logging import configure_logging
 
 EXIT_USAGE = 2
+# The modules that register subcommands, in the order they appear in `atrium --help`.
+COMMAND_MODULES = (
+    "web.cli.generate",
+    "web.cli.model",
+    "web.cli.serve",
+    "web.cli.db_commands",
+    "web.cli.key_commands",
+    "web.cli.prefix_commands",
+    "web.cli.price_commands",
+    "web.cli.report_commands",
+    "web.cli.tenant_commands",
+)
 
 
 def env_default(name: str, default: str | None = None) -> str | None:
@@ -36,11 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="structlog level (env ATRIUM_LOG_LEVEL)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    names = [f"web.{m.name}" for m in pkgutil.iter_modules(web.__path__)]
-    names += [f"web.cli.{m.name}" for m in pkgutil.iter_modules(__path__)]
-    for name in sorted(names, key=lambda n: n.rpartition(".")[2]):
-        if not name.rpartition(".")[2].startswith("cli_") and not name.endswith("_commands"):
-            continue
+    for name in COMMAND_MODULES:
         register = getattr(importlib.import_module(name), "register", None)
         if callable(register):
             register(subparsers)
