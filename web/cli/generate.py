@@ -14,7 +14,7 @@ from engine.errors import EngineError
 from engine.load_progress import progress_for
 from engine.outputs import GenerateRequest
 from engine.sampling_params import SamplingParams
-from web.cli import EXIT_USAGE, env_default, env_flag
+from web.cli.env import EXIT_USAGE, env_default, env_flag
 
 
 def register(subparsers: Any) -> None:

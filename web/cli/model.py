@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from web.cli import EXIT_USAGE, env_default
+from web.cli.env import EXIT_USAGE, env_default
 
 
 def register(subparsers: Any) -> None:
