@@ -17,8 +17,10 @@ from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
 from engine.heap import frozen_startup
+from tenants.server_secrets import ensure_admin_token
 from web.openai import routes as openai_routes
 from web.openai.batch import routes as batch_routes
+from web.openai.batch.runner import BatchRunner
 from web.openai.generation import GenerationService, ModelRuntime
 from web.openai.json_body import JsonRequest
 from web.ops import health
@@ -32,6 +34,7 @@ from web.tenancy.auth_limiter import FailedAuthLimiter
 from web.tenancy.prefix_delivery import start_prefix_delivery
 from web.tenancy.prefix_feed import internal_router
 from web.tenancy.principal import Tenancy
+from web.tenancy.sql import connect_sql_tenancy
 
 log = structlog.get_logger("atrium.web")
 Closer = Callable[[], Awaitable[None]]
@@ -229,9 +232,21 @@ def engine_numbers(snapshot: Any) -> dict[str, object]:
 
 
 async def connect_tenancy(settings: Settings, state: State) -> tuple[Tenancy, Closer]:
-    from web.tenancy.principal import connect_sql_tenancy
+    """The tenant database, the admin token (printed when first made) and the batch runner."""
+    tenancy, lease, close_sql = await connect_sql_tenancy(settings, state)
+    generated = await ensure_admin_token(state.db, settings.admin_token)
+    if generated is not None:
+        # Shown once: only its hash is stored.
+        print(f"Admin token (shown once): {generated}", flush=True)
+    runner = BatchRunner(state.batch_store, state, settings, lease, tenancy)
+    runner.start()
+    state.batch_runner = runner
 
-    return await connect_sql_tenancy(settings, state)
+    async def close() -> None:
+        await runner.stop()
+        await close_sql()
+
+    return tenancy, close
 
 
 def create_app(

@@ -16,6 +16,7 @@ from web.openai import schemas
 from web.openai.fields import unsupported
 from web.openai.generation import GenerationService
 from web.ops.errors import ApiError, bad_request
+from web.tenancy.auth import authenticate
 
 MAX_DETOKENIZE_IDS = 1 << 20
 T = TypeVar("T")
@@ -56,9 +57,7 @@ def _service(request: Request[Any, Any, Any]) -> GenerationService:
 
 async def _checked(request: Request[Any, Any, Any], type_: type[T]) -> tuple[GenerationService, T]:
     """The service and the body, once the key is valid and may call the body's model."""
-    from web.openai.routes import _authenticate  # the one way a tenant key is checked
-
-    principal = await _authenticate(request)
+    principal = await authenticate(request)
     service = _service(request)
     body = _decode(await request.body(), type_)
     model = getattr(body, "model", None)
@@ -86,11 +85,9 @@ async def retrieve_model(
 ) -> schemas.ModelCard:
     """The model's card; 404 for a model not served or not allowed to the key (names may hold
     slashes, as ``org/model`` does)."""
-    from web.openai.routes import _authenticate
-
     name = model_id.lstrip("/")
     service = _service(request)
-    adapter = await service.resolve_model(name, await _authenticate(request))
+    adapter = await service.resolve_model(name, await authenticate(request))
     if adapter is None:
         return schemas.ModelCard(id=name, created=0)
     created = int(adapter.created_at.timestamp())
