@@ -24,16 +24,14 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 import structlog
 
 from engine.async_engine import SNAPSHOT_INTERVAL_S, EngineClient, Sink
-from engine.config import EngineConfig
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
+from engine.factory import EngineSpec, build_engine
 from engine.heap import freeze_startup
 from engine.llm_engine import LLMEngine
 from engine.load_progress import progress_for
@@ -53,19 +51,6 @@ _ERRORS: dict[str, type[EngineError]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """What the child needs to build its engine; plain data, sent by pickling."""
-
-    model: str = "default"  # "default", a Hugging Face directory or a .gguf file
-    dtype: str = "bfloat16"
-    config: EngineConfig = field(default_factory=EngineConfig)
-    prefix_cache: bool = True
-    torch_threads: int | None = None
-    # Run first in the child (a picklable module-level callable, e.g. logging set-up).
-    setup: Callable[[], None] | None = None
-
-
 # -- the child ----------------------------------------------------------------------------------
 
 
@@ -74,11 +59,14 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if spec.setup is not None:
         spec.setup()
+    progress = progress_for()  # this child shares the parent's stderr: bars if a terminal
     try:
-        engine, name = _build_engine(spec)
+        engine, name = build_engine(spec, progress)
     except Exception as exc:  # a bad path or a broken file: the parent reports it
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    finally:
+        progress.close()
     freeze_startup()  # the loaded model is never garbage: full collections skip it
     results.send(("ready", name, engine.max_model_len, engine.snapshot()))
     try:
@@ -88,26 +76,6 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
     except BaseException as exc:
         log.exception("engine_loop_died")
         results.send(("dead", repr(exc)))
-
-
-def _build_engine(spec: EngineSpec) -> tuple[LLMEngine, str]:
-    import torch
-
-    from engine.model.loader import load_model
-    from radix_cache import RadixPrefixCache
-
-    if spec.torch_threads is not None:
-        torch.set_num_threads(spec.torch_threads)
-    progress = progress_for()  # this child shares the parent's stderr: bars if a terminal
-    try:
-        loaded = load_model(spec.model, getattr(torch, spec.dtype), spec.config.device, progress)
-        factory = RadixPrefixCache if spec.prefix_cache else None
-        # The KV pool, and the timed steps that warm the kernels up for the step target.
-        progress.stage("warm up", unit="steps")
-        engine = LLMEngine(loaded, spec.config, prefix_cache_factory=factory)
-    finally:
-        progress.close()
-    return engine, loaded.name
 
 
 class _ChildLoop:

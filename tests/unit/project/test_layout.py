@@ -53,3 +53,36 @@ def test_platform_holds_no_python() -> None:
     python_files = [p for p in (ROOT / "platform").rglob("*") if p.suffix in {".py", ".pyc"}]
     assert python_files == []
     assert not (ROOT / "platform" / "__init__.py").exists()
+
+
+def _imports_torch(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "torch" for alias in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            return True
+    return False
+
+
+def test_web_imports_no_torch() -> None:
+    # Building an engine (model, dtype, device, threads) is engine/'s job (engine/factory.py).
+    found = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "web").rglob("*.py"))
+        if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+        and _imports_torch(path)
+    ]
+    assert found == []
+
+
+def test_torch_checker_sees_a_torch_import_anywhere(tmp_path: Path) -> None:
+    nested = tmp_path / "nested.py"
+    nested.write_text("def f():\n    from torch.nn import functional\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import os, torch.cuda\n")
+    clean = tmp_path / "clean.py"
+    clean.write_text("torch_threads = 1\nimport engine.factory\n")
+    assert [_imports_torch(p) for p in (nested, plain, clean)] == [True, True, False]
