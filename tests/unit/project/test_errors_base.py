@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from atrium_errors import AtriumError
-from engine.attention.registry import BackendUnavailableError
+from engine.attention.backend import BackendUnavailableError
 from engine.device import DeviceUnavailableError
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from engine.lora.adapter import AdapterError
 from tenants.errors import MeterClosedError, MigrationError, QuotaExceededError, TenantError
-from web.errors import to_api_error
+from web.ops.errors import to_api_error
 
 
 @pytest.mark.parametrize(
