@@ -263,7 +263,9 @@ class LLMEngine:
         )
         if params.grammar is not None:
             if self.structured is None:  # xgrammar loads with the first constrained request
-                from engine.structured.runtime import StructuredOutput
+                from engine.structured.runtime import (  # noqa: PLC0415 (lazy: xgrammar, triton)
+                    StructuredOutput,
+                )
 
                 self.structured = StructuredOutput(
                     self.tokenizer.hf, self.vocab_size, self.eos_token_ids
