@@ -13,46 +13,24 @@ import asyncio
 import contextlib
 import queue
 import threading
-import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
 
 import structlog
 
-from engine.errors import EngineDeadError, EngineError, InvalidRequestError
+from engine.commands import Abort, Add, Command, Drop, Stop
+from engine.engine_loop import EngineLoop
+from engine.errors import EngineDeadError, EngineError
 from engine.llm_engine import LLMEngine
 from engine.outputs import GenerateRequest, PublishedPrefix, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.sinks import Sink, Sinks
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
 from radix_cache.prefix_cache import PUBLIC_NAMESPACE
 
 log = structlog.get_logger(__name__)
-
-Sink = Callable[[RequestOutput | BaseException], None]
-SNAPSHOT_INTERVAL_S = 0.1
-
-
-@dataclass(slots=True)
-class _Add:
-    request: GenerateRequest
-    sink: Sink
-
-
-@dataclass(slots=True)
-class _Abort:
-    request_id: str
-
-
-class _Stop:
-    __slots__ = ()
-
-
-@dataclass(slots=True)
-class _Drop:
-    tenant_id: str
 
 
 class EngineClient(ABC):
@@ -166,19 +144,35 @@ class EngineClient(ABC):
         return released
 
 
+class _QueueInbox:
+    """The loop's commands from a thread-safe queue of this process."""
+
+    def __init__(self, commands: queue.SimpleQueue[Command]) -> None:
+        self.commands = commands
+
+    def get(self, timeout: float | None) -> Command | None:
+        try:
+            if timeout is None:
+                return self.commands.get()
+            if timeout <= 0:
+                return self.commands.get_nowait()
+            return self.commands.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
 class AsyncEngine(EngineClient):
-    """Owns an ``LLMEngine`` and the one thread that drives it."""
+    """Owns an ``LLMEngine`` and the one thread that runs its loop (``engine/engine_loop.py``)."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self._engine = engine
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop | _Drop] = queue.SimpleQueue()
-        self._sinks: dict[str, Sink] = {}  # engine thread only
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._sinks = Sinks()
         self._lock = threading.Lock()  # orders "is it dead?" against queueing a request
         self._dead: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._snapshot = engine.snapshot()
-        self._snapshot_at = 0.0
 
     # -- event loop side ----------------------------------------------------------------------
 
@@ -195,7 +189,7 @@ class AsyncEngine(EngineClient):
             return
         with self._lock:
             self._stopping = True
-            self._commands.put(_Stop())
+            self._commands.put(Stop())
         await asyncio.to_thread(thread.join)
 
     @property
@@ -214,10 +208,10 @@ class AsyncEngine(EngineClient):
         return self._snapshot
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+        self._commands.put(Abort(request_id))
 
     def drop_tenant(self, tenant_id: str) -> None:
-        self._commands.put(_Drop(tenant_id))
+        self._commands.put(Drop(tenant_id))
 
     def _submit(self, request: GenerateRequest, sink: Sink) -> None:
         with self._lock:
@@ -225,81 +219,26 @@ class AsyncEngine(EngineClient):
                 raise EngineDeadError(f"the engine loop stopped: {self._dead!r}")
             if self._thread is None or self._stopping:
                 raise EngineDeadError("the engine loop is not running")
-            self._commands.put(_Add(request, sink))
+            self._sinks.add(request.request_id, sink)
+            self._commands.put(Add(request))
 
-    # -- engine thread ------------------------------------------------------------------------
+    # -- engine thread: the loop's outbox -----------------------------------------------------
+
+    def reject(self, request_id: str, exc: Exception) -> None:
+        self._sinks.fail(request_id, exc)
+
+    def report(self, outputs: list[RequestOutput], snapshot: EngineSnapshot | None) -> None:
+        self._sinks.deliver(outputs)
+        if snapshot is not None:
+            self._snapshot = snapshot
 
     def _run(self) -> None:
-        engine = self._engine
         try:
-            while True:
-                idle = not engine.has_unfinished
-                if idle:
-                    self._take_snapshot(force=True)
-                if not self._handle(self._commands.get(block=idle) if idle else None):
-                    break
-                if not self._drain():
-                    break
-                self._deliver(engine.step())
-                self._take_snapshot(force=False)
+            EngineLoop(self._engine, _QueueInbox(self._commands), self).run()
         except BaseException as exc:
             log.exception("engine_loop_died")
             self._die(exc)
             return
-        self._shutdown_requests()
-
-    def _drain(self) -> bool:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return True
-            if not self._handle(command):
-                return False
-
-    def _handle(self, command: _Add | _Abort | _Stop | _Drop | None) -> bool:
-        """Apply one command; False means stop the loop."""
-        if command is None:
-            return True
-        if isinstance(command, _Stop):
-            return False
-        if isinstance(command, _Abort):
-            self._engine.abort(command.request_id)
-            return True
-        if isinstance(command, _Drop):
-            freed = self._engine.drop_tenant(command.tenant_id)
-            log.info("tenant_cache_dropped", tenant_id=command.tenant_id, pages=freed)
-            return True
-        request_id = command.request.request_id
-        if request_id in self._sinks:
-            command.sink(InvalidRequestError(f"request id {request_id!r} is already running"))
-            return True
-        try:
-            self._engine.add_request(command.request)
-        except Exception as exc:  # the request's own error: it goes back to that request only
-            command.sink(exc)
-            return True
-        self._sinks[request_id] = command.sink
-        return True
-
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for output in outputs:
-            sink = self._sinks.pop(output.request_id, None) if output.finished else None
-            sink = sink or self._sinks.get(output.request_id)
-            if sink is not None:
-                sink(output)
-
-    def _take_snapshot(self, force: bool) -> None:
-        now = time.monotonic()
-        if force or now - self._snapshot_at >= SNAPSHOT_INTERVAL_S:
-            self._snapshot = self._engine.snapshot()
-            self._snapshot_at = now
-
-    def _shutdown_requests(self) -> None:
-        for request_id in list(self._sinks):
-            self._engine.abort(request_id)
-        self._deliver(self._engine.step())
-        self._take_snapshot(force=True)
         with self._lock:
             self._dead = EngineDeadError("the engine was shut down")
         self._fail_queued(self._dead)
@@ -308,16 +247,16 @@ class AsyncEngine(EngineClient):
     def _die(self, exc: BaseException) -> None:
         with self._lock:
             self._dead = exc
-        for request_id, sink in list(self._sinks.items()):
-            sink(RequestOutput(request_id, finished=True, finish_reason="error", error=repr(exc)))
-        self._sinks.clear()
         self._fail_queued(exc)
+        self._sinks.end_all(repr(exc))
 
     def _fail_queued(self, exc: BaseException) -> None:
+        """Requests still queued when the loop ended never reached it: they fail to start."""
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, _Add):
-                command.sink(EngineDeadError(f"the engine loop stopped: {exc!r}"))
+            if isinstance(command, Add):
+                error = EngineDeadError(f"the engine loop stopped: {exc!r}")
+                self._sinks.fail(command.request.request_id, error)

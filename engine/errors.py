@@ -1,7 +1,9 @@
 """Engine errors: each has a stable ``code`` that the gateway maps to an HTTP status."""
 
+from atrium_errors import AtriumError
 
-class EngineError(Exception):
+
+class EngineError(AtriumError):
     """Base of the engine's errors."""
 
     code = "engine_error"

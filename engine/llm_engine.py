@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -33,7 +34,7 @@ from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.speculative import NgramDrafter
-from engine.stats import EngineSnapshot, EngineStats
+from engine.stats import EngineSnapshot, EngineStats, StepTimer
 from engine.step_calibration import measure_step_costs
 from engine.step_target import StepTarget
 from radix_cache.errors import IsolationError
@@ -53,6 +54,18 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 PrefixCacheFactory = Callable[[PagePool, int], PrefixCache]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One step's work as it moves from schedule through run to postprocess."""
+
+    out: SchedulerOutput
+    seqs: list[ScheduledSeq]  # scheduled, and past the isolation check
+    sampled: list[ScheduledSeq]  # of those, the ones that take a token this step
+    outputs: list[RequestOutput]  # what the step returns, gathered as it goes
+    token_ids: list[int] = field(default_factory=list)  # one per logits row of ``sampled``
+    row_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # by logits row
 
 
 class LLMEngine:
@@ -250,7 +263,9 @@ class LLMEngine:
         )
         if params.grammar is not None:
             if self.structured is None:  # xgrammar loads with the first constrained request
-                from engine.structured.runtime import StructuredOutput
+                from engine.structured.runtime import (  # noqa: PLC0415 (lazy: xgrammar, triton)
+                    StructuredOutput,
+                )
 
                 self.structured = StructuredOutput(
                     self.tokenizer.hf, self.vocab_size, self.eos_token_ids
@@ -366,61 +381,69 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step: schedule → run → postprocess, each phase timed into ``self.stats``."""
+        outputs = self._take_pending()
+        timer = StepTimer(self.stats, wall_clock=self._traced)
+        batch = self._schedule(outputs, timer)
+        if batch.seqs and self._run(batch, timer):
+            self._postprocess(batch, timer)
+        return batch.outputs
+
+    def _take_pending(self) -> list[RequestOutput]:
+        """The outputs owed since the last step (aborts); held siblings join the queue."""
         outputs, self._pending = self._pending, []
         if self._held:
             self._release_held()
-        stats = self.stats
-        start_ns = time.time_ns() if self._traced else 0
-        t0 = time.perf_counter()
+        return outputs
+
+    def _schedule(self, outputs: list[RequestOutput], timer: StepTimer) -> _Batch:
         out = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        stats.schedule_s += t1 - t0
-        stats.num_preemptions += len(out.preempted)
+        timer.lap("schedule")
+        self.stats.num_preemptions += len(out.preempted)
         for request in out.finished:  # outgrew the whole KV cache
             outputs.append(self._finish(request, [], request.finish_reason or "length", done=True))
         seqs = [seq for seq in out.seqs if self._check_isolation(seq, outputs)]
-        if not seqs:
-            return outputs
-        inputs = self.runner.prepare(seqs)
-        t2 = time.perf_counter()
-        stats.metadata_s += t2 - t1
-        sampled = [seq for seq in seqs if seq.sample]
+        return _Batch(out, seqs, [seq for seq in seqs if seq.sample], outputs)
+
+    def _run(self, batch: _Batch, timer: StepTimer) -> bool:
+        """The forward pass and sampling; False when the model failed (its requests errored)."""
+        inputs = self.runner.prepare(batch.seqs)
+        timer.lap("metadata")
+        sampled = batch.sampled
         # Grammar masks are filled on a worker thread while the forward pass runs.
         mask = self.structured.start(sampled) if self.structured is not None else None
         try:
             logits = self.runner.forward(inputs)
         except Exception as exc:  # one bad step errors its requests, never the engine
-            log.error("step_failed", error=repr(exc), num_seqs=len(seqs))
-            for seq in seqs:
-                outputs.append(self._fail(seq.request, f"model step failed: {exc}"))
-            return outputs
-        t3 = time.perf_counter()
-        stats.forward_s += t3 - t2
-        token_ids: list[int] = []
-        row_logprobs: dict[int, TokenLogprob] = {}
+            log.error("step_failed", error=repr(exc), num_seqs=len(batch.seqs))
+            for seq in batch.seqs:
+                batch.outputs.append(self._fail(seq.request, f"model step failed: {exc}"))
+            return False
+        timer.lap("forward")
         if sampled:
-            token_ids, row_logprobs = self._sample(sampled, logits, mask)
-        t4 = time.perf_counter()
-        stats.sample_s += t4 - t3
-        new_tokens, rejected = self._verify(sampled, token_ids)
+            batch.token_ids, batch.row_logprobs = self._sample(sampled, logits, mask)
+        timer.lap("sample")
+        return True
+
+    def _postprocess(self, batch: _Batch, timer: StepTimer) -> None:
+        """Accept drafts, count and trace, advance the scheduler, append the new tokens."""
+        out, seqs, sampled = batch.out, batch.seqs, batch.sampled
+        new_tokens, rejected = self._verify(sampled, batch.token_ids)
         self._count_tokens(out, seqs, rejected)
         if self._traced:
-            self._trace_steps(out, seqs, rejected, start_ns)
+            self._trace_steps(out, seqs, rejected, timer.start_ns)
         self.scheduler.postprocess(out, rejected)
         row = 0
         for seq, tokens in zip(sampled, new_tokens, strict=True):
             logprobs = None
             if seq.request.params.logprobs is not None:
-                logprobs = [row_logprobs[row + j] for j in range(len(tokens))]
+                logprobs = [batch.row_logprobs[row + j] for j in range(len(tokens))]
             row += 1 + len(seq.draft)
-            outputs.append(self._append_tokens(seq.request, tokens, logprobs))
-        t5 = time.perf_counter()
-        stats.postprocess_s += t5 - t4
-        stats.num_steps += 1
+            batch.outputs.append(self._append_tokens(seq.request, tokens, logprobs))
+        elapsed = timer.finish()
         target = self.scheduler.target
         if target is not None:
-            target.observe(out.num_decodes, out.num_batched_tokens - out.num_decodes, t5 - t0)
-        return outputs
+            target.observe(out.num_decodes, out.num_batched_tokens - out.num_decodes, elapsed)
 
     def _sample(
         self,

@@ -88,7 +88,13 @@ class RichProgress:
     """A bar per stage (a spinner when its size is unknown) with the amount and elapsed time."""
 
     def __init__(self, console: Console) -> None:
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (  # noqa: PLC0415 (lazy: rich only on a terminal, ~0.25 s)
+            BarColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self._progress = Progress(
             SpinnerColumn(finished_text="[green]done"),
@@ -154,7 +160,7 @@ def progress_for(stream: TextIO | None = None) -> LogProgress | RichProgress:
     stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     if callable(isatty) and isatty():
-        from rich.console import Console
+        from rich.console import Console  # noqa: PLC0415 (lazy: rich only on a terminal)
 
         return RichProgress(Console(file=stream))
     return LogProgress()

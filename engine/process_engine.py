@@ -1,44 +1,56 @@
 """The step loop in a child process, so the model's kernels never wait on the gateway's GIL.
 
 The parent keeps the tokenizer and one sink per live request; the child owns the model, the KV
-cache and the ``LLMEngine``. Two one-way pipes join them:
+cache and the ``LLMEngine``, and runs the same ``EngineLoop`` an in-process engine runs. Two
+one-way pipes join them, each carrying the typed messages of ``engine/commands.py`` as msgpack:
 
-- parent → child: ``("add", GenerateRequest)``, ``("abort", request_id)``, ``("stop",)``; a
-  sender thread writes them, so a full pipe never blocks the event loop.
-- child → parent: ``("ready", name, max_model_len, snapshot)`` once, then per step
-  ``("step", outputs, errors, snapshot | None)``, and finally ``("stopped", snapshot)``,
-  ``("dead", reason)`` or ``("failed", reason)`` (the model did not load). A reader thread
-  hands each output to its request's sink.
+- parent → child: ``Add``, ``Abort``, ``Drop``, ``Stop``; a sender thread writes them, so a
+  full pipe never blocks the event loop.
+- child → parent: ``Ready`` once, then ``Step`` (outputs, refused requests, maybe a snapshot)
+  per step, and finally ``Stopped``, ``Dead`` or ``Failed`` (the model did not load). A reader
+  thread hands each output to its request's sink.
 
-The child blocks on its pipe when it has no work and drains it between steps; when work arrives
-at an idle child and the request says more are following, it takes those too (up to
-``GATHER_S``) before its first step. It ignores SIGINT
-and SIGTERM (the parent drains first, then sends ``stop``) and exits when the parent's end of
-the pipe closes, so it never outlives the gateway.
+When work arrives at an idle child and the request says more are following, the loop takes
+those too (up to ``GATHER_S``) before its first step. The child ignores SIGINT and SIGTERM (the
+parent drains first, then sends ``Stop``) and exits when the parent's end of the pipe closes, so
+it never outlives the gateway.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import queue
 import signal
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
 
 import structlog
 
-from engine.async_engine import SNAPSHOT_INTERVAL_S, EngineClient, Sink
-from engine.config import EngineConfig
+from engine.async_engine import EngineClient
+from engine.commands import (
+    Abort,
+    Add,
+    Channel,
+    Command,
+    Dead,
+    Drop,
+    Failed,
+    Ready,
+    Rejected,
+    Report,
+    Step,
+    Stop,
+    Stopped,
+)
+from engine.engine_loop import EngineLoop
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
+from engine.factory import EngineSpec, build_engine
 from engine.heap import freeze_startup
-from engine.llm_engine import LLMEngine
 from engine.load_progress import progress_for
 from engine.lora.adapter import AdapterError
 from engine.outputs import GenerateRequest, RequestOutput
+from engine.sinks import Sink, Sinks
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
 
@@ -53,19 +65,6 @@ _ERRORS: dict[str, type[EngineError]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """What the child needs to build its engine; plain data, sent by pickling."""
-
-    model: str = "default"  # "default", a Hugging Face directory or a .gguf file
-    dtype: str = "bfloat16"
-    config: EngineConfig = field(default_factory=EngineConfig)
-    prefix_cache: bool = True
-    torch_threads: int | None = None
-    # Run first in the child (a picklable module-level callable, e.g. logging set-up).
-    setup: Callable[[], None] | None = None
-
-
 # -- the child ----------------------------------------------------------------------------------
 
 
@@ -74,118 +73,57 @@ def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if spec.setup is not None:
         spec.setup()
+    reports = Channel(results)
+    progress = progress_for()  # this child shares the parent's stderr: bars if a terminal
     try:
-        engine, name = _build_engine(spec)
+        engine, name = build_engine(spec, progress)
     except Exception as exc:  # a bad path or a broken file: the parent reports it
-        results.send(("failed", f"{type(exc).__name__}: {exc}"))
+        reports.send(Failed(f"{type(exc).__name__}: {exc}"))
         return
+    finally:
+        progress.close()
     freeze_startup()  # the loaded model is never garbage: full collections skip it
-    results.send(("ready", name, engine.max_model_len, engine.snapshot()))
+    reports.send(Ready(name, engine.max_model_len, engine.snapshot()))
     try:
-        _ChildLoop(engine, commands, results).run()
+        EngineLoop(engine, _PipeInbox(Channel(commands)), _PipeOutbox(reports), GATHER_S).run()
+        reports.send(Stopped(engine.snapshot()))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent is gone: nobody to serve
     except BaseException as exc:
         log.exception("engine_loop_died")
-        results.send(("dead", repr(exc)))
+        reports.send(Dead(repr(exc)))
 
 
-def _build_engine(spec: EngineSpec) -> tuple[LLMEngine, str]:
-    import torch
+class _PipeInbox:
+    """The loop's commands from the parent's pipe."""
 
-    from engine.model.loader import load_model
-    from radix_cache import RadixPrefixCache
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
 
-    if spec.torch_threads is not None:
-        torch.set_num_threads(spec.torch_threads)
-    progress = progress_for()  # this child shares the parent's stderr: bars if a terminal
-    try:
-        loaded = load_model(spec.model, getattr(torch, spec.dtype), spec.config.device, progress)
-        factory = RadixPrefixCache if spec.prefix_cache else None
-        # The KV pool, and the timed steps that warm the kernels up for the step target.
-        progress.stage("warm up", unit="steps")
-        engine = LLMEngine(loaded, spec.config, prefix_cache_factory=factory)
-    finally:
-        progress.close()
-    return engine, loaded.name
+    def get(self, timeout: float | None) -> Command | None:
+        if timeout is not None and not self.channel.poll(timeout):
+            return None
+        return self.channel.recv_command()
 
 
-class _ChildLoop:
-    def __init__(self, engine: LLMEngine, commands: Connection, results: Connection) -> None:
-        self.engine = engine
-        self.commands = commands
-        self.results = results
-        self.errors: list[tuple[str, str, str, str | None]] = []
-        self.snapshot_at = 0.0
-        self.following = 0  # requests the last one said are on their way
+class _PipeOutbox:
+    """The loop's results down the pipe to the parent: a ``Step`` whenever there is news."""
 
-    def run(self) -> None:
-        engine = self.engine
-        while True:
-            if not engine.has_unfinished:
-                self._send([], force_snapshot=True)
-                if not self._apply(self.commands.recv()):  # idle: block until work comes
-                    break
-                if not self._gather():
-                    break
-            stop = False
-            while not stop and self.commands.poll():
-                stop = not self._apply(self.commands.recv())
-            if stop:
-                break
-            self._send(engine.step() if engine.has_unfinished else [], force_snapshot=False)
-        engine.abort_all()
-        outputs = engine.step()
-        self._send(outputs, force_snapshot=False)
-        self.results.send(("stopped", engine.snapshot()))
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.rejected: list[Rejected] = []
 
-    def _gather(self) -> bool:
-        """Work just arrived at an idle engine: while the latest request says more are on their
-        way, take them as they come, for up to GATHER_S, so that the first step runs them
-        together rather than one prompt alone while the rest queue behind it. False means
-        stop."""
-        deadline = time.monotonic() + GATHER_S
-        while self.following > 0:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.commands.poll(left):
-                break
-            if not self._apply(self.commands.recv()):
-                return False
-        self.following = 0
-        return True
-
-    def _apply(self, command: tuple[Any, ...]) -> bool:
-        """Apply one command; False means stop."""
-        kind = command[0]
-        if kind == "stop":
-            return False
-        if kind == "abort":
-            self.engine.abort(command[1])
-            return True
-        if kind == "drop":
-            freed = self.engine.drop_tenant(command[1])
-            log.info("tenant_cache_dropped", tenant_id=command[1], pages=freed)
-            return True
-        request: GenerateRequest = command[1]
-        self.following = request.num_following
-        try:
-            self.engine.add_request(request)
-        except EngineError as exc:
+    def reject(self, request_id: str, exc: Exception) -> None:
+        if isinstance(exc, EngineError):
             param = getattr(exc, "param", None)
-            self.errors.append((request.request_id, exc.code, str(exc), param))
-        except Exception as exc:  # the request's own failure, never the loop's
-            self.errors.append((request.request_id, EngineError.code, repr(exc), None))
-        return True
+            self.rejected.append(Rejected(request_id, exc.code, str(exc), param))
+        else:
+            self.rejected.append(Rejected(request_id, EngineError.code, repr(exc)))
 
-    def _send(self, outputs: list[RequestOutput], force_snapshot: bool) -> None:
-        now = time.monotonic()
-        snapshot = None
-        if force_snapshot or now - self.snapshot_at >= SNAPSHOT_INTERVAL_S:
-            snapshot = self.engine.snapshot()
-            self.snapshot_at = now
-        if outputs or self.errors or snapshot is not None:
-            self.results.send(("step", outputs, self.errors, snapshot))
-            self.errors = []
+    def report(self, outputs: list[RequestOutput], snapshot: EngineSnapshot | None) -> None:
+        if outputs or self.rejected or snapshot is not None:
+            self.channel.send(Step(outputs, self.rejected, snapshot))
+            self.rejected = []
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -200,11 +138,11 @@ class ProcessEngine(EngineClient):
         self.model_name = ""
         self.max_model_len = 0
         self._process: multiprocessing.process.BaseProcess | None = None
-        self._commands: Connection | None = None  # parent's write end
-        self._results: Connection | None = None  # parent's read end
-        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._sinks: dict[str, Sink] = {}
-        self._lock = threading.Lock()  # guards _sinks, _dead and _stopping
+        self._commands: Channel | None = None  # parent's write end
+        self._results: Channel | None = None  # parent's read end
+        self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+        self._sinks = Sinks()
+        self._lock = threading.Lock()  # orders _dead and _stopping against queueing a request
         self._dead: str | None = None
         self._stopping = False
         self._snapshot = EngineSnapshot()
@@ -217,8 +155,9 @@ class ProcessEngine(EngineClient):
         if self._process is not None:
             raise RuntimeError("the engine process is already started")
         context = multiprocessing.get_context("spawn")
-        child_commands, self._commands = context.Pipe(duplex=False)
-        self._results, child_results = context.Pipe(duplex=False)
+        child_commands, commands = context.Pipe(duplex=False)
+        results, child_results = context.Pipe(duplex=False)
+        self._commands, self._results = Channel(commands), Channel(results)
         process = context.Process(
             target=_child_main,
             args=(self.spec, child_commands, child_results),
@@ -229,39 +168,37 @@ class ProcessEngine(EngineClient):
         self._process = process
         child_commands.close()
         child_results.close()
-        message = self._wait_ready(process)
-        if message[0] != "ready":
-            self._dead = f"the engine process failed to start: {message[1]}"
+        report = self._wait_ready(process, self._results)
+        if not isinstance(report, Ready):
+            reason = report.reason if isinstance(report, Failed | Dead) else repr(report)
+            self._dead = f"the engine process failed to start: {reason}"
             process.join(10)
             raise EngineError(self._dead)
-        _, self.model_name, self.max_model_len, self._snapshot = message
+        self.model_name, self.max_model_len = report.model_name, report.max_model_len
+        self._snapshot = report.snapshot
         for target, name in ((self._read, "reader"), (self._write, "sender")):
             thread = threading.Thread(target=target, name=f"atrium-engine-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
         log.info("engine_process_started", pid=process.pid, model=self.model_name)
 
-    def _wait_ready(self, process: multiprocessing.process.BaseProcess) -> tuple[Any, ...]:
-        results = self._results
-        assert results is not None
+    @staticmethod
+    def _wait_ready(process: multiprocessing.process.BaseProcess, results: Channel) -> Report:
         while not results.poll(0.2):
             if not process.is_alive():
-                return ("failed", f"exit code {process.exitcode}")
+                return Failed(f"exit code {process.exitcode}")
         try:
-            message: tuple[Any, ...] = results.recv()
+            return results.recv_report()
         except EOFError:
-            return ("failed", f"exit code {process.exitcode}")
-        return message
+            return Failed(f"exit code {process.exitcode}")
 
     async def shutdown(self) -> None:
         """Abort what is left, stop the child and wait for it to exit."""
-        import asyncio
-
         if self._process is None:
             return
         with self._lock:
             self._stopping = True
-        self._outbox.put(("stop",))
+        self._outbox.put(Stop())
         await asyncio.to_thread(self._join)
 
     def _join(self, grace_s: float = 30.0) -> None:
@@ -301,24 +238,21 @@ class ProcessEngine(EngineClient):
     # -- requests -----------------------------------------------------------------------------
 
     def _submit(self, request: GenerateRequest, sink: Sink) -> None:
-        request_id = request.request_id
         with self._lock:
             if self._dead is not None:
                 raise EngineDeadError(f"the engine loop stopped: {self._dead}")
             if self._process is None or self._stopping:
                 raise EngineDeadError("the engine loop is not running")
-            if request_id in self._sinks:
-                raise InvalidRequestError(f"request id {request_id!r} is already running")
-            self._sinks[request_id] = sink
-        self._outbox.put(("add", request))
+            self._sinks.add(request.request_id, sink)
+        self._outbox.put(Add(request))
 
     def abort(self, request_id: str) -> None:
         if self._dead is None:
-            self._outbox.put(("abort", request_id))
+            self._outbox.put(Abort(request_id))
 
     def drop_tenant(self, tenant_id: str) -> None:
         if self._dead is None:
-            self._outbox.put(("drop", tenant_id))
+            self._outbox.put(Drop(tenant_id))
 
     # -- the two threads ----------------------------------------------------------------------
 
@@ -341,16 +275,15 @@ class ProcessEngine(EngineClient):
         reason = "the engine process exited"
         try:
             while True:
-                message = results.recv()
-                kind = message[0]
-                if kind == "step":
-                    self._deliver(message[1], message[2], message[3])
-                elif kind == "stopped":
-                    self._snapshot = message[1]
+                report = results.recv_report()
+                if isinstance(report, Step):
+                    self._deliver(report)
+                elif isinstance(report, Stopped):
+                    self._snapshot = report.snapshot
                     reason = "the engine was shut down"
                     break
-                elif kind == "dead":
-                    reason = message[1]
+                elif isinstance(report, Dead):
+                    reason = report.reason
                     log.error("engine_process_died", error=reason)
                     break
         except (EOFError, OSError):
@@ -360,32 +293,18 @@ class ProcessEngine(EngineClient):
             reason = f"the engine process exited (code {code})"
         self._die(reason)
 
-    def _deliver(
-        self,
-        outputs: list[RequestOutput],
-        errors: list[tuple[str, str, str, str | None]],
-        snapshot: EngineSnapshot | None,
-    ) -> None:
-        if snapshot is not None:
-            self._snapshot = snapshot
-        for request_id, code, message, param in errors:
-            with self._lock:
-                sink = self._sinks.pop(request_id, None)
-            if sink is not None:
-                error_type = _ERRORS.get(code)
-                sink(EngineError(message) if error_type is None else error_type(message, param))
-        for output in outputs:
-            with self._lock:
-                sinks = self._sinks
-                sink = sinks.pop(output.request_id, None) if output.finished else None
-                sink = sink or sinks.get(output.request_id)
-            if sink is not None:
-                sink(output)
+    def _deliver(self, step: Step) -> None:
+        if step.snapshot is not None:
+            self._snapshot = step.snapshot
+        for rejected in step.rejected:
+            error_type = _ERRORS.get(rejected.code)
+            message, param = rejected.message, rejected.param
+            error = EngineError(message) if error_type is None else error_type(message, param)
+            self._sinks.fail(rejected.request_id, error)
+        self._sinks.deliver(step.outputs)
 
     def _die(self, reason: str) -> None:
         with self._lock:
             self._dead = reason
-            sinks, self._sinks = self._sinks, {}
-        for request_id, sink in sinks.items():
-            sink(RequestOutput(request_id, finished=True, finish_reason="error", error=reason))
+        self._sinks.end_all(reason)
         self._outbox.put(None)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from radix_cache.stats import NamespaceSnapshot
 
@@ -29,6 +31,33 @@ class EngineStats:
 
     def copy(self) -> EngineStats:
         return replace(self)
+
+
+Phase = Literal["schedule", "metadata", "forward", "sample", "postprocess"]
+
+
+class StepTimer:
+    """One step's clock: each ``lap`` charges the time since the previous one to that phase's
+    counter in ``EngineStats`` (``schedule_s``, ``metadata_s``, ...): the phases tile the step."""
+
+    __slots__ = ("last", "start_ns", "started", "stats")
+
+    def __init__(self, stats: EngineStats, wall_clock: bool = False) -> None:
+        self.stats = stats
+        self.start_ns = time.time_ns() if wall_clock else 0  # for traces (epoch nanoseconds)
+        self.started = self.last = time.perf_counter()
+
+    def lap(self, phase: Phase) -> None:
+        now = time.perf_counter()
+        name = f"{phase}_s"
+        setattr(self.stats, name, getattr(self.stats, name) + now - self.last)
+        self.last = now
+
+    def finish(self) -> float:
+        """End a step that ran the model (postprocess included); its seconds, start to end."""
+        self.lap("postprocess")
+        self.stats.num_steps += 1
+        return self.last - self.started
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from atrium_errors import AtriumError
 
-class TenantError(Exception):
+
+class TenantError(AtriumError):
     """Base of the tenant domain's errors."""
 
     code = "tenant_error"

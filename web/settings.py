@@ -264,22 +264,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def resolved_device(self) -> str:
         """``auto`` becomes ``cuda`` when a GPU is visible, else ``cpu``."""
-        if self.device != "auto":
-            return self.device
-        import torch
+        from engine.factory import resolve_device_name
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return resolve_device_name(self.device)
 
     @property
     def resolved_dtype(self) -> str:
         """``auto`` resolved for the device (``engine.device.resolve_dtype``)."""
         if self.dtype != "auto":
             return self.dtype
-        import torch
+        from engine.factory import resolve_dtype_name
 
-        from engine.device import dtype_name, resolve_dtype
-
-        return dtype_name(resolve_dtype("auto", torch.device(self.resolved_device)))
+        return resolve_dtype_name(self.dtype, self.resolved_device)
 
     @classmethod
     def load(

@@ -1,4 +1,4 @@
-"""Backend selection: torch on CPU, FlashInfer on CUDA, each imported only when it is built."""
+"""Backend selection: torch on CPU; FlashInfer on CUDA, imported only when it is built."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ from typing import Final, Protocol
 import torch
 
 from engine.attention.backend import AttentionBackend, BackendUnavailableError
+from engine.attention.native_attention import (
+    chunk_kernel_beats_torch,
+    kernels_support,
+    load_chunk_kernel,
+    load_decode_kernel,
+)
+from engine.attention.torch_backend import TorchAttentionBackend
 
 FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -40,14 +47,6 @@ class BackendSpec:
 
 
 def _build_torch(spec: BackendSpec) -> AttentionBackend:
-    from engine.attention.native_attention import (
-        chunk_kernel_beats_torch,
-        kernels_support,
-        load_chunk_kernel,
-        load_decode_kernel,
-    )
-    from engine.attention.torch_backend import TorchAttentionBackend
-
     if spec.device.type == "cpu" and kernels_support(
         spec.dtype, spec.num_q_heads, spec.num_kv_heads, spec.head_dim
     ):
@@ -63,7 +62,10 @@ def _build_flashinfer(spec: BackendSpec) -> AttentionBackend:
         raise BackendUnavailableError(
             f"FlashInfer runs in bfloat16 or float16, not {spec.dtype}; pick --dtype bfloat16"
         )
-    from engine.attention.flashinfer_backend import FlashInferAttentionBackend, load_flashinfer
+    from engine.attention.flashinfer_backend import (  # noqa: PLC0415 (lazy: CUDA, optional extra)
+        FlashInferAttentionBackend,
+        load_flashinfer,
+    )
 
     load_flashinfer()  # fail here, with the install hint, rather than on the first step
     return FlashInferAttentionBackend(

@@ -43,7 +43,7 @@ import structlog
 import torch
 from torch.nn.functional import linear
 
-from engine.device import zeros_on_huge_pages
+from engine.device import cpu_has_bf16_dot, zeros_on_huge_pages
 from engine.native.build import FOLDER, cpu_has_avx512, try_load
 
 log = structlog.get_logger(__name__)
@@ -249,8 +249,6 @@ def _codes(values: torch.Tensor, scale: torch.Tensor, low: int, high: int) -> to
 def load_small_gemm() -> SmallGemm | None:
     """The pair product where it is worth having: bf16 pair dot products and no AMX (with AMX,
     oneDNN's tile kernels are faster); None elsewhere or where it cannot be built."""
-    from engine.device import cpu_has_bf16_dot
-
     amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
     if amx or not cpu_has_bf16_dot():
         return None

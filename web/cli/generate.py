@@ -8,7 +8,6 @@ import sys
 import uuid
 from typing import Any
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.load_progress import progress_for
@@ -69,34 +68,28 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 async def _generate(args: argparse.Namespace) -> str:
-    import torch
-
-    from engine.device import dtype_name, resolve_dtype
-    from engine.llm_engine import LLMEngine
-    from engine.model.loader import load_model
+    from engine.factory import EngineSpec, resolve_dtype_name
+    from engine.launch import start_engine
 
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
     params.validate()  # fail before loading the model
-    dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    dtype = resolve_dtype_name(args.dtype, "cpu")
+    config = EngineConfig(dtype=dtype, max_num_seqs=1)
+    spec = EngineSpec(model=args.model, dtype=dtype, config=config, prefix_cache=False)
     progress = progress_for(sys.stderr)  # stdout carries only the completion
     try:
-        loaded = load_model(args.model, dtype=dtype, progress=progress)
-        config = EngineConfig(dtype=dtype_name(dtype), max_num_seqs=1)
-        progress.stage("warm up", unit="steps")
-        llm = LLMEngine(loaded, config)
+        running = start_engine(spec, in_process=True, progress=progress)
     finally:
         progress.close()
-    tokenizer = loaded.tokenizer
-    if args.raw:
-        prompt_ids = tokenizer.encode(args.prompt)
-    else:
-        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-    engine = AsyncEngine(llm)
-    engine.start()
+    engine, tokenizer = running.client, running.tokenizer
     pieces: list[str] = []
     try:
+        if args.raw:
+            prompt_ids = tokenizer.encode(args.prompt)
+        else:
+            prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
         request = GenerateRequest(f"cli-{uuid.uuid4().hex}", prompt_ids, params)
         async for output in engine.generate(request):
             if output.error is not None:

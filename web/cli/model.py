@@ -27,13 +27,11 @@ def register(subparsers: Any) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    import torch
-
+    from engine.factory import load
     from engine.model.export import export_hf
-    from engine.model.loader import load_model
 
     try:
-        loaded = load_model(args.model, dtype=getattr(torch, args.dtype))
+        loaded = load(args.model, args.dtype)
         export_hf(loaded, args.dir)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"atrium model export: {exc}", file=sys.stderr)

@@ -18,9 +18,10 @@ from typing import Any
 import httpx
 import structlog
 
-from engine.async_engine import EngineClient, Sink
+from engine.async_engine import EngineClient
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
 from engine.outputs import GenerateRequest, RequestOutput, TokenLogprob
+from engine.sinks import Sink
 from engine.stats import EngineSnapshot
 from engine.tokenizer import Tokenizer
 from web.engine_api.wire import sampling_to_wire

@@ -22,12 +22,12 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     By default the engine runs in a child process (its kernels then never wait for this
     process's GIL); ``engine_process=False`` keeps it on a thread of the gateway.
     """
-    import torch
-
     from engine.config import EngineConfig
+    from engine.factory import EngineSpec
+    from engine.launch import start_engine
+    from web.ops.logging import configure_logging
 
     settings = settings.single_model()
-    device = settings.resolved_device
     config = EngineConfig(
         kv_cache_bytes=settings.kv_cache_bytes,
         kv_cache_memory_fraction=settings.kv_cache_memory_fraction,
@@ -40,42 +40,18 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,
         dtype=settings.resolved_dtype,
-        device=device,
+        device=settings.resolved_device,
     )
-    if settings.engine_process:
-        from engine.model.loader import load_tokenizer
-        from engine.process_engine import EngineSpec, ProcessEngine
-        from web.ops.logging import configure_logging
-
-        tokenizer, _ = await asyncio.to_thread(load_tokenizer, settings.model)
-        spec = EngineSpec(
-            model=settings.model,
-            dtype=config.dtype,
-            config=config,
-            torch_threads=settings.torch_threads,
-            setup=functools.partial(configure_logging, settings.log_level),
-        )
-        process_engine = ProcessEngine(spec, tokenizer)
-        await asyncio.to_thread(process_engine.start)
-        engine: Any = process_engine
-        name, max_model_len = process_engine.model_name, process_engine.max_model_len
-    else:
-        from engine.async_engine import AsyncEngine
-        from engine.llm_engine import LLMEngine
-        from engine.model.loader import load_model
-        from radix_cache import RadixPrefixCache
-
-        if settings.torch_threads is not None:
-            torch.set_num_threads(settings.torch_threads)
-        loaded = await asyncio.to_thread(
-            load_model, settings.model, getattr(torch, config.dtype), device
-        )
-        llm = await asyncio.to_thread(
-            LLMEngine, loaded, config, prefix_cache_factory=RadixPrefixCache
-        )
-        engine = AsyncEngine(llm)
-        engine.start()
-        tokenizer, name, max_model_len = loaded.tokenizer, loaded.name, llm.max_model_len
+    spec = EngineSpec(
+        model=settings.model,
+        dtype=config.dtype,
+        config=config,
+        torch_threads=settings.torch_threads,
+        setup=functools.partial(configure_logging, settings.log_level),
+    )
+    running = await asyncio.to_thread(start_engine, spec, in_process=not settings.engine_process)
+    engine: Any = running.client
+    tokenizer, name, max_model_len = running.tokenizer, running.name, running.max_model_len
     snapshot = engine.stats()
     capacity = int(snapshot.num_pages_total) * int(snapshot.page_size)
     runtime = ModelRuntime(

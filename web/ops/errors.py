@@ -10,8 +10,9 @@ import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from atrium_errors import AtriumError
 from engine.errors import EngineError, InvalidRequestError
-from tenants.errors import QuotaExceededError, TenantError
+from tenants.errors import QuotaExceededError
 
 log = structlog.get_logger("atrium.web")
 
@@ -28,16 +29,10 @@ ERROR_TYPES = {
     500: "server_error",
     503: "service_unavailable",
 }
-# Engine error codes and their status.
-ENGINE_STATUS = {
+# Each error code and its status, engine and tenant domain alike.
+STATUS = {
     "invalid_request": 400,
     "context_length_exceeded": 400,
-    "overloaded": 503,
-    "engine_dead": 503,
-}
-# Tenant-domain error codes and their status (subclasses share their base's status).
-TENANT_STATUS = {
-    "invalid_request": 400,
     "invalid_api_key": 401,
     "tenant_suspended": 403,
     "not_found": 404,
@@ -47,8 +42,18 @@ TENANT_STATUS = {
     "duplicate_request": 409,
     "prompt_too_large": 413,
     "rate_limit_exceeded": 429,
+    "overloaded": 503,
+    "engine_dead": 503,
     "meter_closed": 503,
 }
+# A code without its own status takes the first family's it belongs to: a request the engine
+# refused is the client's; an engine that cannot serve is unavailable; anything else is ours.
+FAMILY_STATUS: tuple[tuple[type[AtriumError], int], ...] = (
+    (InvalidRequestError, 400),
+    (EngineError, 503),
+    (AtriumError, 500),
+)
+INTERNAL_MESSAGE = "The server had an error while processing your request."
 
 
 class ApiError(Exception):
@@ -115,30 +120,26 @@ def to_api_error(exc: Exception) -> ApiError:
     """Classify any exception; anything unknown becomes a 500 (and is logged by the caller)."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, InvalidRequestError):
-        return ApiError(ENGINE_STATUS.get(exc.code, 400), str(exc), code=exc.code, param=exc.param)
-    if isinstance(exc, EngineError):
-        status = ENGINE_STATUS.get(exc.code, 503)
-        headers = retry_headers(1.0) if status == 503 else None
-        return ApiError(status, str(exc) or exc.code, code=exc.code, headers=headers)
-    if isinstance(exc, TenantError):
-        return _from_tenant(exc)
+    if isinstance(exc, AtriumError):
+        return _from_atrium(exc)
     if isinstance(exc, HTTPException):
         return _from_litestar(exc)
-    return ApiError(500, "The server had an error while processing your request.", code="internal")
+    return ApiError(500, INTERNAL_MESSAGE, code="internal")
 
 
-def _from_tenant(exc: TenantError) -> ApiError:
-    status = TENANT_STATUS.get(exc.code)
+def _from_atrium(exc: AtriumError) -> ApiError:
+    status = STATUS.get(exc.code)
     if status is None:
-        return ApiError(
-            500, "The server had an error while processing your request.", code=exc.code
-        )
+        status = next(status for family, status in FAMILY_STATUS if isinstance(exc, family))
+    if status == 500:
+        return ApiError(500, INTERNAL_MESSAGE, code=exc.code)
     headers: dict[str, str] = {}
     if isinstance(exc, QuotaExceededError):
         headers = retry_headers(exc.retry_after_s) | ratelimit_headers(
             exc.limit_requests, exc.remaining_requests, exc.limit_tokens, exc.remaining_tokens
         )
+    elif isinstance(exc, EngineError) and status == 503:
+        headers = retry_headers(1.0)
     param = getattr(exc, "param", None)
     return ApiError(status, str(exc) or exc.code, code=exc.code, param=param, headers=headers)
 

@@ -13,10 +13,11 @@ import torch
 
 from engine.async_engine import AsyncEngine, EngineClient
 from engine.config import EngineConfig
+from engine.factory import EngineSpec
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model, load_tokenizer
 from engine.outputs import GenerateRequest
-from engine.process_engine import EngineSpec, ProcessEngine
+from engine.process_engine import ProcessEngine
 from engine.sampling_params import SamplingParams
 from radix_cache.prefix_cache import tenant_namespace
 from radix_cache.radix_prefix_cache import RadixPrefixCache

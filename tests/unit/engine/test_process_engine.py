@@ -18,10 +18,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError, PromptTooLongError
+from engine.factory import EngineSpec
 from engine.llm_engine import LLMEngine
 from engine.model.loader import load_model, load_tokenizer
 from engine.outputs import GenerateRequest, RequestOutput
-from engine.process_engine import EngineSpec, ProcessEngine
+from engine.process_engine import ProcessEngine
 from engine.sampling_params import SamplingParams
 from tests.support.async_engine import collect, greedy_request
 from tests.support.async_engine import wait_for as wait_for_within

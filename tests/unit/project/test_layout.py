@@ -3,20 +3,24 @@ directions between packages and between web/'s faces (DESIGN.md §1), no Python 
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from tests.unit.project.import_graph import Graph, cycles, forbidden, import_graph, module_files
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("radix_cache", "engine", "tenants", "web", "migrations", "bench")
+PACKAGES = ("atrium_errors", "radix_cache", "engine", "tenants", "web", "migrations", "bench")
+# The leaf every package may import: the one error base (it imports nothing of ours).
+LEAF = {"atrium_errors"}
 # Which of our packages each package may import (DESIGN.md §1). Never back up.
 ALLOWED: dict[str, set[str]] = {
-    "radix_cache": set(),
-    "tenants": set(),
-    "engine": {"radix_cache"},
-    "migrations": {"tenants"},
-    "web": {"engine", "radix_cache", "tenants"},
-    "bench": {"engine", "radix_cache", "tenants", "web", "migrations"},
+    "atrium_errors": set(),
+    "radix_cache": LEAF,
+    "tenants": LEAF,
+    "engine": {"radix_cache"} | LEAF,
+    "migrations": {"tenants"} | LEAF,
+    "web": {"engine", "radix_cache", "tenants"} | LEAF,
+    "bench": {"engine", "radix_cache", "tenants", "web", "migrations"} | LEAF,
 }
 # web/'s faces from the bottom up: a face imports its own level and the ones below. Only the CLI
 # imports the app factory; a face missing here is refused until it is given its level.
@@ -95,3 +99,36 @@ def test_platform_holds_no_python() -> None:
     python_files = [p for p in (ROOT / "platform").rglob("*") if p.suffix in {".py", ".pyc"}]
     assert python_files == []
     assert not (ROOT / "platform" / "__init__.py").exists()
+
+
+def _imports_torch(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "torch" for alias in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            return True
+    return False
+
+
+def test_web_imports_no_torch() -> None:
+    # Building an engine (model, dtype, device, threads) is engine/'s job (engine/factory.py).
+    found = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "web").rglob("*.py"))
+        if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+        and _imports_torch(path)
+    ]
+    assert found == []
+
+
+def test_torch_checker_sees_a_torch_import_anywhere(tmp_path: Path) -> None:
+    nested = tmp_path / "nested.py"
+    nested.write_text("def f():\n    from torch.nn import functional\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import os, torch.cuda\n")
+    clean = tmp_path / "clean.py"
+    clean.write_text("torch_threads = 1\nimport engine.factory\n")
+    assert [_imports_torch(p) for p in (nested, plain, clean)] == [True, True, False]
