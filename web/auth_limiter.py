@@ -1,7 +1,7 @@
 """Failed authentication per client address: past a limit a minute, that address gets 429.
 
 Keys are guessed by trying them; each try with a well-formed key may cost a database query. The
-address is the connection's peer (behind a reverse proxy, the proxy's: set the limit to 0 there).
+address is the connection's peer, or the one a proxy listed in ``forwarded_allow_ips`` forwards.
 """
 
 from __future__ import annotations

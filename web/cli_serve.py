@@ -24,7 +24,7 @@ from web.cli.db_commands import head_revision, known_revisions
 from web.engine_api import app_for_role
 from web.logging import configure_logging
 from web.server_protocol import guarded_protocol
-from web.settings import Settings, SettingsError
+from web.settings import Settings, SettingsError, trusted_proxies
 
 log = structlog.get_logger("atrium.serve")
 # How long the start-up check waits for the tenant database before leaving it to the outage path.
@@ -132,6 +132,13 @@ def register(subparsers: Any) -> None:
         help="auto (default): bfloat16 on CUDA and on CPUs with native bfloat16, else float32",
     )
     parser.add_argument("--database-url", dest="database_url", default=None)
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        dest="forwarded_allow_ips",
+        default=None,
+        help="proxies whose X-Forwarded-For/-Proto count: comma-separated addresses or "
+        "networks, or * (default: none)",
+    )
     parser.add_argument("--device", default=None, help="auto, cpu or cuda")
     parser.add_argument(
         "--threads", dest="torch_threads", type=int, default=None, help="CPU threads for the model"
@@ -266,7 +273,10 @@ def schema_problem(settings: Settings) -> str | None:
 
 
 def server_config(app: Any, settings: Settings) -> uvicorn.Config:
-    """uvicorn's settings for ``app``: a header deadline, a keep-alive timeout, a connection cap."""
+    """uvicorn's settings for ``app``: a header deadline, a keep-alive timeout, a connection cap,
+    and forwarded headers from the configured proxies only (uvicorn's own default trusts any
+    local process)."""
+    proxies = trusted_proxies(settings.forwarded_allow_ips)
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -279,4 +289,6 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
             settings.header_timeout_s, settings.max_connections or None, settings.retry_after_s
         ),
         timeout_keep_alive=settings.keep_alive_timeout_s,
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies,
     )
