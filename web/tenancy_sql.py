@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import exc as sa_exc
 
 from tenants.admission import AdmissionService
+from tenants.auth_failures import AuthFailureStore
 from tenants.batch_files import FileService
 from tenants.batch_store import BatchStore
 from tenants.database import Database, is_unavailable
@@ -31,6 +32,8 @@ from tenants.schemas import Admission, AuthContext, Usage
 from tenants.server_secrets import ensure_admin_token
 from tenants.timeutil import month_period
 from web.auth_fallback import KnownKeys
+from web.auth_limiter import STATE_KEY as AUTH_LIMITER
+from web.auth_limiter import FailedAuthLimiter
 from web.db_monitor import DatabaseMonitor, DegradedMetrics
 from web.degraded_admission import LocalAdmission, LocalTicket
 from web.errors import ratelimit_headers, unavailable
@@ -328,6 +331,9 @@ async def connect_sql_tenancy(
         # Shown once: only its hash is stored.
         print(f"Admin token (shown once): {generated}", flush=True)
     state.db = db
+    limiter = state.get(AUTH_LIMITER)
+    if isinstance(limiter, FailedAuthLimiter):  # failures count across gateways from now on
+        limiter.shared = AuthFailureStore(db)
     state.tenant_domain = domain
     state.key_service = domain.keys
     state.tenant_service = domain.tenants
