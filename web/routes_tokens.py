@@ -55,10 +55,11 @@ def _service(request: Request[Any, Any, Any]) -> GenerationService:
 
 
 async def _checked(request: Request[Any, Any, Any], type_: type[T]) -> tuple[GenerationService, T]:
-    """The service and the body, once the key is valid and may call the body's model."""
-    from web.routes_openai import _authenticate  # the one way a tenant key is checked
+    """The service and the body, once the key is valid, has the ``inference`` scope (the
+    tokenizer is part of generation's API) and may call the body's model."""
+    from web.routes_openai import INFERENCE, _authenticate  # the one way a key is checked
 
-    principal = await _authenticate(request)
+    principal = await _authenticate(request, INFERENCE)
     service = _service(request)
     body = _decode(await request.body(), type_)
     model = getattr(body, "model", None)
@@ -85,12 +86,13 @@ async def retrieve_model(
     request: Request[Any, Any, Any], model_id: FromPath[str]
 ) -> schemas.ModelCard:
     """The model's card; 404 for a model not served or not allowed to the key (names may hold
-    slashes, as ``org/model`` does)."""
-    from web.routes_openai import _authenticate
+    slashes, as ``org/model`` does). A model's card is for keys that may call it (``inference``);
+    the list at /v1/models is open to every key."""
+    from web.routes_openai import INFERENCE, _authenticate
 
     name = model_id.lstrip("/")
     service = _service(request)
-    adapter = await service.resolve_model(name, await _authenticate(request))
+    adapter = await service.resolve_model(name, await _authenticate(request, INFERENCE))
     if adapter is None:
         return schemas.ModelCard(id=name, created=0)
     created = int(adapter.created_at.timestamp())
