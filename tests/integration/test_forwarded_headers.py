@@ -16,9 +16,9 @@ import pytest
 import uvicorn
 
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
-from web.auth_limiter import STATE_KEY, FailedAuthLimiter
-from web.cli_serve import server_config
+from web.cli.serve import server_config
 from web.settings import Settings, SettingsError
+from web.tenancy.auth_limiter import STATE_KEY, FailedAuthLimiter
 
 
 @contextmanager
