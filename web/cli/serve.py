@@ -20,7 +20,7 @@ import uvicorn
 from litestar import Litestar
 
 from tenants.database import Database
-from web.cli.db_commands import head_revision, known_revisions
+from tenants.schema_version import SchemaState, schema_state
 from web.engine_api import app_for_role
 from web.ops.logging import configure_logging
 from web.ops.server_protocol import guarded_protocol
@@ -243,31 +243,35 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def schema_problem(settings: Settings) -> str | None:
     """Why a gateway must not start on its database, or None: a PostgreSQL database that is
-    empty or at an older revision than this code (SQLite is migrated at start). A database that
-    cannot be reached now is left to the outage path, and one at a revision this code does not
-    know (newer code migrated it) starts as before."""
+    empty, at an older revision than this code, or at a newer one this code cannot run on
+    (the rule `atrium db check` applies: ``tenants.schema_version``; SQLite is migrated at
+    start). A database that cannot be reached now is left to the outage path."""
     if settings.role == "engine" or settings.database_url.startswith("sqlite"):
         return None
 
-    async def current() -> str | None:
+    async def current() -> SchemaState:
         async with asyncio.timeout(SCHEMA_CHECK_TIMEOUT_S):
             db = await Database.connect(settings.database_url)
             try:
-                return await db.current()
+                return await schema_state(db)
             finally:
                 await db.close()
 
     try:
-        revision = asyncio.run(current())
+        state = asyncio.run(current())
     except Exception as exc:  # unreachable or refused: the gateway starts degraded
         log.warning("schema_check_skipped", error=str(exc))
         return None
-    head = head_revision()
-    if revision == head or (revision is not None and revision not in known_revisions()):
+    if state.ok:
         return None
-    at = "empty" if revision is None else f"at revision {revision}"
+    if state.kind in ("too_new", "unknown"):
+        return (
+            f"the tenant database is at revision {state.revision}, which this version "
+            f"({state.head}) cannot run on. Deploy the release that migrated it."
+        )
+    at = "empty" if state.revision is None else f"at revision {state.revision}"
     return (
-        f"the tenant database is {at}; this version needs revision {head}. "
+        f"the tenant database is {at}; this version needs revision {state.head}. "
         "Run `atrium db upgrade` against it first."
     )
 
