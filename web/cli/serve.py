@@ -21,7 +21,7 @@ from litestar import Litestar
 
 from tenants.database import Database
 from tenants.schema_version import SchemaState, schema_state
-from web.engine_api import app_for_role
+from web.app import app_for_role
 from web.ops.logging import configure_logging
 from web.ops.server_protocol import guarded_protocol
 from web.settings import Settings, SettingsError, trusted_proxies

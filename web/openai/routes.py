@@ -13,7 +13,6 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 
 from engine.outputs import RequestOutput
-from tenants.errors import InvalidKeyError
 from web.openai import chat, schemas, sse, tokens, usage
 from web.openai.choices import (
     check_completion_options,
@@ -28,45 +27,14 @@ from web.openai.logprobs import TokenNames, chat_logprobs, completion_logprobs
 from web.openai.structured_output import checked_grammar
 from web.ops.errors import ApiError
 from web.ops.tracing import incoming_context
-from web.tenancy.auth_limiter import client_address, limiter_of
-from web.tenancy.principal import Principal, Tenancy
+from web.tenancy.auth import INFERENCE, authenticate
 
 T = TypeVar("T")
-
-INFERENCE = "inference"  # the key scope that generation needs
 
 
 def _service(request: Request[Any, Any, Any]) -> GenerationService:
     service: GenerationService = request.app.state.generation
     return service
-
-
-async def _authenticate(request: Request[Any, Any, Any], scope: str | None = None) -> Principal:
-    """The key's principal; a key without ``scope`` is refused with 401, as OpenAI refuses a
-    restricted key that lacks a permission."""
-    header = request.headers.get("authorization", "")
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise ApiError(
-            401,
-            "You didn't provide an API key: send `Authorization: Bearer <key>`.",
-            code="invalid_api_key",
-        )
-    limiter = limiter_of(request)
-    address = client_address(request)
-    if limiter is not None:
-        limiter.check(address)
-    tenancy: Tenancy = request.app.state.tenancy
-    try:
-        principal = await tenancy.authenticate(secret.strip())
-    except InvalidKeyError:
-        if limiter is not None:
-            await limiter.fail(address)
-        raise
-    structlog.contextvars.bind_contextvars(tenant_id=principal.tenant_id)
-    if scope is not None and scope not in principal.scopes:
-        raise ApiError(401, f"This API key lacks the `{scope}` scope.", code="missing_scope")
-    return principal
 
 
 async def while_connected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
@@ -117,7 +85,7 @@ def _headers(job: Job) -> dict[str, str]:
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> schemas.ModelList:
-    principal = await _authenticate(request)
+    principal = await authenticate(request)
     service = _service(request)
     runtime = service.runtimes[0]  # adapters apply to the first served model
     cards = [schemas.ModelCard(id=r.name, created=0) for r in service.visible_runtimes(principal)]
@@ -136,7 +104,7 @@ async def list_models(request: Request[Any, Any, Any]) -> schemas.ModelList:
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
-        principal = await _authenticate(request, INFERENCE)
+        principal = await authenticate(request, INFERENCE)
         body = decode_request(await request.body(), schemas.ChatCompletionRequest, CHAT)
         adapter = await service.resolve_model(body.model, principal)
         n = schemas.check_n(body.n)
@@ -192,7 +160,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     service = _service(request)
     with service.arriving():
-        principal = await _authenticate(request, INFERENCE)
+        principal = await authenticate(request, INFERENCE)
         body = decode_request(await request.body(), schemas.CompletionRequest, COMPLETION)
         adapter = await service.resolve_model(body.model, principal)
         n = check_completion_options(body)

@@ -19,6 +19,7 @@ from tenants.schemas import Quotas
 from tenants.self_usage import BudgetState, RateState, SelfUsage, Statement
 from tenants.timeutil import day_floor
 from web.ops.errors import ApiError, bad_request, unavailable
+from web.tenancy.auth import authenticate
 
 USAGE_READ = "usage:read"  # the key scope this endpoint needs
 QUERY = ("start_time", "end_time", "bucket_width")
@@ -108,9 +109,7 @@ def _buckets(statement: Statement) -> list[UsageBucketOut]:
 
 @get("/v1/usage")
 async def own_usage(request: Request[Any, Any, Any]) -> UsageResponse:
-    from web.openai.routes import _authenticate  # that module lists this route
-
-    principal = await _authenticate(request, USAGE_READ)
+    principal = await authenticate(request, USAGE_READ)
     domain = getattr(request.app.state, "tenant_domain", None)
     if domain is None:
         raise ApiError(404, "Usage is kept only with a tenant database.", code="not_found")

@@ -21,9 +21,9 @@ from tenants.batch_files import FileInfo, FileService
 from tenants.batch_input import ENDPOINTS
 from tenants.batch_store import BatchInfo, BatchStore
 from web.openai.json_body import decode_json
-from web.openai.routes import INFERENCE, _authenticate
 from web.ops.errors import ApiError, bad_request
 from web.settings import Settings
+from web.tenancy.auth import INFERENCE, authenticate
 
 MAX_FORM_OVERHEAD = 64 * 1024  # multipart headers and the purpose field around the file
 
@@ -139,7 +139,7 @@ async def _form(request: Request[Any, Any, Any], limit: int) -> dict[str, Any]:
 
 @post("/v1/files", status_code=200, request_max_body_size=None)
 async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     files, _, settings = _services(request)
     form = await _form(request, settings.batch_max_file_bytes + MAX_FORM_OVERHEAD)
     try:
@@ -180,7 +180,7 @@ async def _store_upload(
 
 @get("/v1/files")
 async def list_files(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     files, _, _ = _services(request)
     limit = _limit(request)
     if request.query_params.get("order", "desc") != "desc":
@@ -198,14 +198,14 @@ async def list_files(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/v1/files/{file_id:str}")
 async def retrieve_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     files, _, _ = _services(request)
     return file_object(await files.get(principal.tenant_id, file_id))
 
 
 @get("/v1/files/{file_id:str}/content")
 async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     files, _, _ = _services(request)
     _, content = await files.content(principal.tenant_id, file_id)
     return Response(content, media_type="application/jsonl")
@@ -213,7 +213,7 @@ async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) 
 
 @delete("/v1/files/{file_id:str}", status_code=200)
 async def delete_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     files, _, _ = _services(request)
     await files.delete(principal.tenant_id, file_id)
     return {"id": file_id, "object": "file", "deleted": True}
@@ -221,7 +221,7 @@ async def delete_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -
 
 @post("/v1/batches", status_code=200)
 async def create_batch(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     _, batches, settings = _services(request)
     body = decode_json(await request.body(), BatchCreate)
     if body.endpoint not in ENDPOINTS:
@@ -240,7 +240,7 @@ async def create_batch(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/v1/batches")
 async def list_batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     _, batches, _ = _services(request)
     limit = _limit(request)
     after = request.query_params.get("after")
@@ -252,14 +252,14 @@ async def list_batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def retrieve_batch(
     request: Request[Any, Any, Any], batch_id: FromPath[str]
 ) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     _, batches, _ = _services(request)
     return batch_object(await batches.get(principal.tenant_id, batch_id))
 
 
 @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
 async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> dict[str, Any]:
-    principal = await _authenticate(request, INFERENCE)
+    principal = await authenticate(request, INFERENCE)
     _, batches, _ = _services(request)
     return batch_object(await batches.cancel(principal.tenant_id, batch_id))
 
