@@ -13,6 +13,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from tenants.models import Base
+from tenants.schema_version import record_compatibility
 
 TARGET = Base.metadata
 
@@ -26,6 +27,9 @@ def _run(connection: Connection) -> None:
     )
     with context.begin_transaction():
         context.run_migrations()
+        # How far back code may run on the schema now (`atrium db check` reads it).
+        revision = context.get_context().get_current_revision()
+        record_compatibility(connection, context.script, revision)
 
 
 async def _run_on_url(url: str) -> None:

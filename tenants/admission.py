@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, bindparam, select, update
+from sqlalchemy import BigInteger, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -95,7 +95,7 @@ _SPENT = select(TokenBudget.used + TokenBudget.reserved).where(*BUDGET_ROW)
 def _reserve_stmt(token_budget: bool, cost_budget: bool) -> Any:
     """Add ``need`` tokens and ``cost`` micro-units to the month's reservations, only where
     they fit under ``budget`` and ``money`` (each checked when the tenant has it)."""
-    need, cost = bindparam("need", type_=Integer), bindparam("cost", type_=Integer)
+    need, cost = bindparam("need", type_=BigInteger), bindparam("cost", type_=BigInteger)
     stmt = (
         update(TokenBudget)
         .where(*BUDGET_ROW)
@@ -105,12 +105,12 @@ def _reserve_stmt(token_budget: bool, cost_budget: bool) -> Any:
     )
     if token_budget:
         stmt = stmt.where(
-            TokenBudget.used + TokenBudget.reserved + need <= bindparam("budget", type_=Integer)
+            TokenBudget.used + TokenBudget.reserved + need <= bindparam("budget", type_=BigInteger)
         )
     if cost_budget:
         stmt = stmt.where(
             TokenBudget.cost_used + TokenBudget.cost_reserved + cost
-            <= bindparam("money", type_=Integer)
+            <= bindparam("money", type_=BigInteger)
         )
     return stmt
 

@@ -215,6 +215,18 @@ class RateBucket(Base):
     in_flight: Mapped[int] = mapped_column(Integer)
 
 
+class AuthFailure(Base):
+    """One failed authentication from a client address, shared by every gateway: the failed-auth
+    limit counts an address's rows of the last minute (older ones are pruned)."""
+
+    __tablename__ = "auth_failures"
+    __table_args__ = (Index("ix_auth_failures_address_failed_at", "address", "failed_at"),)
+
+    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(128))
+    failed_at: Mapped[float] = mapped_column(Float, index=True)  # epoch seconds
+
+
 class Price(Base):
     __tablename__ = "prices"
     __table_args__ = (UniqueConstraint("model", "effective_from"),)

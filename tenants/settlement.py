@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Integer, Table, bindparam, case, delete, update
+from sqlalchemy import BigInteger, ColumnElement, Table, bindparam, case, delete, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenants.batch_store import batch_of_request
@@ -69,15 +69,15 @@ _FREE_SLOTS = (
     .values(
         in_flight=case(
             (
-                _buckets.c.in_flight > bindparam("slots", type_=Integer),
-                _buckets.c.in_flight - bindparam("slots", type_=Integer),
+                _buckets.c.in_flight > bindparam("slots", type_=BigInteger),
+                _buckets.c.in_flight - bindparam("slots", type_=BigInteger),
             ),
             else_=0,
         ),
         tokens_drawn=case(
             (
-                _buckets.c.tokens_drawn > bindparam("refund", type_=Integer),
-                _buckets.c.tokens_drawn - bindparam("refund", type_=Integer),
+                _buckets.c.tokens_drawn > bindparam("refund", type_=BigInteger),
+                _buckets.c.tokens_drawn - bindparam("refund", type_=BigInteger),
             ),
             else_=0.0,
         ),
@@ -94,10 +94,10 @@ _CHARGE = (
         _budgets.c.tenant_id == bindparam("of_tenant"), _budgets.c.period == bindparam("of_period")
     )
     .values(
-        reserved=_budgets.c.reserved - bindparam("held_tokens", type_=Integer),
-        used=_budgets.c.used + bindparam("charged", type_=Integer),
-        cost_reserved=_budgets.c.cost_reserved - bindparam("held_cost", type_=Integer),
-        cost_used=_budgets.c.cost_used + bindparam("used_cost", type_=Integer),
+        reserved=_budgets.c.reserved - bindparam("held_tokens", type_=BigInteger),
+        used=_budgets.c.used + bindparam("charged", type_=BigInteger),
+        cost_reserved=_budgets.c.cost_reserved - bindparam("held_cost", type_=BigInteger),
+        cost_used=_budgets.c.cost_used + bindparam("used_cost", type_=BigInteger),
     )
 )
 

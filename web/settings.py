@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -16,6 +17,23 @@ ENV_PREFIX = "ATRIUM_"
 
 class SettingsError(ValueError):
     """A setting has a value of the wrong type or out of range."""
+
+
+def trusted_proxies(value: str | None) -> list[str]:
+    """``forwarded_allow_ips`` as a list of addresses and networks (["*"]: every peer); an
+    entry that is neither is refused here, where uvicorn would keep it as a literal that
+    matches nothing."""
+    entries = [entry.strip() for entry in (value or "").split(",") if entry.strip()]
+    if entries == ["*"]:
+        return entries
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise SettingsError(
+                f"forwarded_allow_ips must list IP addresses or networks, or be *: {entry!r}"
+            ) from None
+    return entries
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -35,8 +53,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     admin_token: str | None = None
     server_secret: str | None = None
     # Behind a TLS-terminating proxy that sets X-Forwarded-Proto: trust it for the console
-    # cookie's Secure flag. Off by default, since any client can send the header.
+    # cookie's Secure flag, from any peer. Off by default, since any client can send the header;
+    # forwarded_allow_ips is the stricter way.
     trust_forwarded_proto: bool = False
+    # Peers whose X-Forwarded-For and X-Forwarded-Proto count (comma-separated addresses or
+    # networks, or "*"): a request from one takes its client address (for the failed-auth limit)
+    # and scheme (for the console cookie) from them. None: the headers count from nobody.
+    forwarded_allow_ips: str | None = None
     usage_spool_path: str = "./atrium-usage.spool"
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 64
@@ -78,7 +101,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # Label request and token metrics with tenant ids (off: totals only, no tenant ids shown).
     metrics_tenant_labels: bool = False
     # Failed authentications a client address may make in a minute before 429s (0: no limit;
-    # behind a reverse proxy every client shares the proxy's address).
+    # behind a reverse proxy not in forwarded_allow_ips every client has the proxy's address).
     auth_failures_per_minute: int = 20
     log_level: str = "info"
     # CPU threads for the model's kernels (None: torch's default, one per core). On a host
@@ -163,6 +186,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.max_connections < 0:
             raise SettingsError("max_connections must not be negative")
         self._check_role()
+        trusted_proxies(self.forwarded_allow_ips)  # validates
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
 

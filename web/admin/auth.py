@@ -62,7 +62,7 @@ async def admin_actor(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
         if token and await verify_admin_token(database(connection), token):
             return TOKEN_ACTOR
         if limiter is not None:
-            limiter.record_failure(address)
+            await limiter.fail(address)
         raise unauthorized("Incorrect admin token provided.")
     session = await current_session(connection)
     if session is None:

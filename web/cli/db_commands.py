@@ -10,12 +10,17 @@ from typing import Any
 from alembic.script import ScriptDirectory
 
 from tenants.database import Database, script_location
+from tenants.schema_version import SchemaState, schema_state
 from web.cli.runner import EXIT_FAILED, database_flag, guarded, settings_of
 
 COMMANDS = (
     ("upgrade", "apply pending migrations"),
     ("current", "show revision"),
-    ("check", "exit 0 when the database is at the newest revision, 1 when it is not"),
+    (
+        "check",
+        "exit 0 when this code runs on the schema (its head, or a newer one that says so), "
+        "1 when it is older, empty or of an unknown lineage",
+    ),
 )
 
 
@@ -30,27 +35,41 @@ def known_revisions() -> set[str]:
 
 
 def run_db(args: argparse.Namespace) -> int:
-    async def work() -> str | None:
+    async def work() -> SchemaState:
         db = await Database.connect(settings_of(args).database_url)
         try:
             if args.db_command == "upgrade":
                 await db.upgrade()
-            return await db.current()
+            return await schema_state(db)
         finally:
             await db.close()
 
-    revision = guarded("db", lambda: asyncio.run(work()))
-    if isinstance(revision, int):
-        return revision
+    state = guarded("db", lambda: asyncio.run(work()))
+    if isinstance(state, int):
+        return state
     if args.db_command == "check":
-        head = head_revision()
-        if revision != head:
-            # A waiting init container prints this on every try: one line, no traceback.
-            shown = revision or "an empty database"
-            print(f"atrium db check: at {shown}, the code expects {head}", file=sys.stderr)
-            return EXIT_FAILED
-    print(revision or "(empty database)")
+        return check(state)
+    print(state.revision or "(empty database)")
     return 0
+
+
+def check(state: SchemaState) -> int:
+    """Say whether this code runs on the schema, in one line (a waiting init container prints
+    it on every try: no traceback)."""
+    at, head, since = state.revision or "an empty database", state.head, state.compatible_from
+    if state.kind == "head":
+        print(state.revision)
+        return 0
+    if state.kind == "newer":
+        print(f"{at} (newer than this code's {head}; code from {since} on runs on it)")
+        return 0
+    problem = f"at {at}, the code expects {head}"
+    if state.kind == "too_new":
+        problem = f"at {at}, newer than this code ({head}) runs on: it needs code from {since} on"
+    elif state.kind == "unknown":
+        problem = f"at {at}, a revision of no lineage this code ({head}) knows"
+    print(f"atrium db check: {problem}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def register(subparsers: Any) -> None:

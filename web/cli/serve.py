@@ -20,11 +20,11 @@ import uvicorn
 from litestar import Litestar
 
 from tenants.database import Database
+from tenants.schema_version import SchemaState, schema_state
 from web.app import app_for_role
-from web.cli.db_commands import head_revision, known_revisions
 from web.ops.logging import configure_logging
 from web.ops.server_protocol import guarded_protocol
-from web.settings import Settings, SettingsError
+from web.settings import Settings, SettingsError, trusted_proxies
 
 log = structlog.get_logger("atrium.serve")
 # How long the start-up check waits for the tenant database before leaving it to the outage path.
@@ -132,6 +132,13 @@ def register(subparsers: Any) -> None:
         help="auto (default): bfloat16 on CUDA and on CPUs with native bfloat16, else float32",
     )
     parser.add_argument("--database-url", dest="database_url", default=None)
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        dest="forwarded_allow_ips",
+        default=None,
+        help="proxies whose X-Forwarded-For/-Proto count: comma-separated addresses or "
+        "networks, or * (default: none)",
+    )
     parser.add_argument("--device", default=None, help="auto, cpu or cuda")
     parser.add_argument(
         "--threads", dest="torch_threads", type=int, default=None, help="CPU threads for the model"
@@ -236,37 +243,44 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def schema_problem(settings: Settings) -> str | None:
     """Why a gateway must not start on its database, or None: a PostgreSQL database that is
-    empty or at an older revision than this code (SQLite is migrated at start). A database that
-    cannot be reached now is left to the outage path, and one at a revision this code does not
-    know (newer code migrated it) starts as before."""
+    empty, at an older revision than this code, or at a newer one this code cannot run on
+    (the rule `atrium db check` applies: ``tenants.schema_version``; SQLite is migrated at
+    start). A database that cannot be reached now is left to the outage path."""
     if settings.role == "engine" or settings.database_url.startswith("sqlite"):
         return None
 
-    async def current() -> str | None:
+    async def current() -> SchemaState:
         async with asyncio.timeout(SCHEMA_CHECK_TIMEOUT_S):
             db = await Database.connect(settings.database_url)
             try:
-                return await db.current()
+                return await schema_state(db)
             finally:
                 await db.close()
 
     try:
-        revision = asyncio.run(current())
+        state = asyncio.run(current())
     except Exception as exc:  # unreachable or refused: the gateway starts degraded
         log.warning("schema_check_skipped", error=str(exc))
         return None
-    head = head_revision()
-    if revision == head or (revision is not None and revision not in known_revisions()):
+    if state.ok:
         return None
-    at = "empty" if revision is None else f"at revision {revision}"
+    if state.kind in ("too_new", "unknown"):
+        return (
+            f"the tenant database is at revision {state.revision}, which this version "
+            f"({state.head}) cannot run on. Deploy the release that migrated it."
+        )
+    at = "empty" if state.revision is None else f"at revision {state.revision}"
     return (
-        f"the tenant database is {at}; this version needs revision {head}. "
+        f"the tenant database is {at}; this version needs revision {state.head}. "
         "Run `atrium db upgrade` against it first."
     )
 
 
 def server_config(app: Any, settings: Settings) -> uvicorn.Config:
-    """uvicorn's settings for ``app``: a header deadline, a keep-alive timeout, a connection cap."""
+    """uvicorn's settings for ``app``: a header deadline, a keep-alive timeout, a connection cap,
+    and forwarded headers from the configured proxies only (uvicorn's own default trusts any
+    local process)."""
+    proxies = trusted_proxies(settings.forwarded_allow_ips)
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -279,4 +293,6 @@ def server_config(app: Any, settings: Settings) -> uvicorn.Config:
             settings.header_timeout_s, settings.max_connections or None, settings.retry_after_s
         ),
         timeout_keep_alive=settings.keep_alive_timeout_s,
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies,
     )

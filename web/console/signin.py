@@ -55,7 +55,7 @@ async def sign_in(request: Request[Any, Any, Any], data: FormData) -> Response[A
     session = await sessions.sign_in(token) if token else None
     if session is None:
         if limiter is not None:
-            limiter.record_failure(address)
+            await limiter.fail(address)
         return render(
             request, "signin.html", status_code=401, error="That admin token is not valid."
         )

@@ -22,6 +22,7 @@ from web.openai.choices import (
 )
 from web.openai.fields import CHAT, COMPLETION, decode_request
 from web.openai.generation import GenerationService, Job
+from web.openai.json_body import client_closed
 from web.openai.logprobs import TokenNames, chat_logprobs, completion_logprobs
 from web.openai.structured_output import checked_grammar
 from web.ops.errors import ApiError
@@ -55,7 +56,7 @@ async def while_connected(request: Request[Any, Any, Any], work: Awaitable[T]) -
         with contextlib.suppress(asyncio.CancelledError):
             await gone
     if gone.done() and not gone.cancelled() and task.cancelled():
-        raise ApiError(499, "The client closed the request.", code="client_closed_request")
+        raise client_closed()
     return task.result()
 
 

@@ -16,7 +16,7 @@ from web.openai import schemas
 from web.openai.fields import unsupported
 from web.openai.generation import GenerationService
 from web.ops.errors import ApiError, bad_request
-from web.tenancy.auth import authenticate
+from web.tenancy.auth import INFERENCE, authenticate
 
 MAX_DETOKENIZE_IDS = 1 << 20
 T = TypeVar("T")
@@ -56,8 +56,9 @@ def _service(request: Request[Any, Any, Any]) -> GenerationService:
 
 
 async def _checked(request: Request[Any, Any, Any], type_: type[T]) -> tuple[GenerationService, T]:
-    """The service and the body, once the key is valid and may call the body's model."""
-    principal = await authenticate(request)
+    """The service and the body, once the key is valid, has the ``inference`` scope (the
+    tokenizer is part of generation's API) and may call the body's model."""
+    principal = await authenticate(request, INFERENCE)
     service = _service(request)
     body = _decode(await request.body(), type_)
     model = getattr(body, "model", None)
@@ -84,10 +85,11 @@ async def retrieve_model(
     request: Request[Any, Any, Any], model_id: FromPath[str]
 ) -> schemas.ModelCard:
     """The model's card; 404 for a model not served or not allowed to the key (names may hold
-    slashes, as ``org/model`` does)."""
+    slashes, as ``org/model`` does). A model's card is for keys that may call it (``inference``);
+    the list at /v1/models is open to every key."""
     name = model_id.lstrip("/")
     service = _service(request)
-    adapter = await service.resolve_model(name, await authenticate(request))
+    adapter = await service.resolve_model(name, await authenticate(request, INFERENCE))
     if adapter is None:
         return schemas.ModelCard(id=name, created=0)
     created = int(adapter.created_at.timestamp())

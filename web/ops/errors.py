@@ -174,6 +174,7 @@ def _from_litestar(exc: HTTPException) -> ApiError:
     return ApiError(status, str(exc.detail), code="internal")
 
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before its answer
 REFUSALS = (401, 403, 429, 503)  # the statuses /metrics counts as refusals
 
 
@@ -182,6 +183,8 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     error = to_api_error(exc)
     if error.status_code >= 500 and error.code == "internal":
         log.error("unhandled_exception", path=request.url.path, exc_info=exc)
+    elif error.status_code == CLIENT_CLOSED:  # the client's doing, at will: no error
+        log.info("client_closed_request", path=request.url.path)
     metrics = request.app.state.get("metrics")
     if error.status_code in REFUSALS and metrics is not None:
         # A 429 is counted by the quota that refused it; the others by their error code.

@@ -35,7 +35,7 @@ async def authenticate(request: Request[Any, Any, Any], scope: str | None = None
         principal = await tenancy.authenticate(secret.strip())
     except InvalidKeyError:
         if limiter is not None:
-            limiter.record_failure(address)
+            await limiter.fail(address)
         raise
     structlog.contextvars.bind_contextvars(tenant_id=principal.tenant_id)
     if scope is not None and scope not in principal.scopes:

@@ -44,7 +44,7 @@ class Feed(msgspec.Struct):
     prefixes: list[FeedPrefix]
 
 
-def _engine_token_guard(
+async def _engine_token_guard(
     connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
 ) -> None:
     expected = (getattr(connection.app.state.settings, "engine_token", None) or "").encode()
@@ -56,7 +56,7 @@ def _engine_token_guard(
         limiter.check(address)  # 429 after too many failures from one address
     if not expected or scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, expected):
         if limiter is not None:
-            limiter.record_failure(address)
+            await limiter.fail(address)
         raise ApiError(
             401,
             "Only engines may read this: send `Authorization: Bearer <engine token>`.",

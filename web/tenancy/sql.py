@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import exc as sa_exc
 
 from tenants.admission import AdmissionService
+from tenants.auth_failures import AuthFailureStore
 from tenants.batch_files import FileService
 from tenants.batch_store import BatchStore
 from tenants.database import Database, is_unavailable
@@ -32,6 +33,8 @@ from tenants.timeutil import month_period
 from web.ops.errors import ratelimit_headers, unavailable
 from web.settings import Settings
 from web.tenancy.auth_fallback import KnownKeys
+from web.tenancy.auth_limiter import STATE_KEY as AUTH_LIMITER
+from web.tenancy.auth_limiter import FailedAuthLimiter
 from web.tenancy.db_monitor import DatabaseMonitor, DegradedMetrics
 from web.tenancy.degraded import LocalAdmission, LocalTicket
 from web.tenancy.principal import Principal, Ticket, UsageRecord
@@ -324,6 +327,9 @@ async def connect_sql_tenancy(
     )
     await domain.meter.start()
     state.db = db
+    limiter = state.get(AUTH_LIMITER)
+    if isinstance(limiter, FailedAuthLimiter):  # failures count across gateways from now on
+        limiter.shared = AuthFailureStore(db)
     state.tenant_domain = domain
     state.key_service = domain.keys
     state.tenant_service = domain.tenants

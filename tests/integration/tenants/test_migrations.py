@@ -31,6 +31,7 @@ TABLES = {
     "batches",
     "batch_lines",
     "lora_adapters",
+    "auth_failures",
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from web.ops.errors import ApiError
@@ -36,3 +38,40 @@ def test_zero_turns_it_off_and_addresses_are_bounded() -> None:
         limiter.record_failure(address)
     assert limiter.retry_after_s("a") is None  # forgotten first: the oldest address
     assert limiter.retry_after_s("b") is not None and limiter.retry_after_s("c") is not None
+
+
+class SharedCount:
+    """A stand-in for the database's count: a wait to answer, or an error to raise."""
+
+    def __init__(self, wait_s: float | None = None, error: Exception | None = None) -> None:
+        self.wait_s, self.error = wait_s, error
+        self.recorded: list[str] = []
+
+    async def record(self, address: str, limit: int, window_s: float) -> float | None:
+        self.recorded.append(address)
+        if self.error is not None:
+            raise self.error
+        return self.wait_s
+
+
+def test_an_address_the_shared_count_holds_is_held_here() -> None:
+    now = [100.0]
+    limiter = FailedAuthLimiter(20, monotonic=lambda: now[0])
+    limiter.shared = SharedCount(wait_s=30.0)  # its other failures were on other gateways
+    asyncio.run(limiter.fail("10.0.0.1"))
+    assert limiter.shared.recorded == ["10.0.0.1"]
+    assert limiter.retry_after_s("10.0.0.1") == pytest.approx(30.0)
+    assert limiter.retry_after_s("10.0.0.2") is None
+    now[0] += 30.0
+    assert limiter.retry_after_s("10.0.0.1") is None
+
+
+def test_without_the_database_the_count_in_memory_decides() -> None:
+    limiter = FailedAuthLimiter(3)
+    limiter.shared = SharedCount(error=ConnectionRefusedError("database down"))
+    for _ in range(3):
+        limiter.check("10.0.0.1")
+        asyncio.run(limiter.fail("10.0.0.1"))
+    with pytest.raises(ApiError) as refused:
+        limiter.check("10.0.0.1")
+    assert refused.value.status_code == 429
