@@ -285,6 +285,7 @@ def create_app(
                 provider.get_tracer("atrium.web"),
                 default_max_tokens_cap=settings.default_max_tokens_cap,
                 retry_after_s=settings.retry_after_s,
+                max_stream_s=settings.max_stream_s,
                 admission_concurrency=admission_concurrency(settings.database_url),
                 trace_steps=bool(settings.otlp_endpoint) or span_processor is not None,
             )

@@ -62,6 +62,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20
     drain_grace_s: float = 30.0
+    # The longest a response may run: a stream still going this long after its request arrived
+    # is ended (finish_reason "length", metered as delivered). A drain_grace_s at least this long
+    # lets every stream finish through a rollout (platform/README.md, "Drain").
+    max_stream_s: float = 600.0
     # A gateway renews its lease in the database every third of this; once a lease is this
     # old, another gateway frees the dead one's concurrency slots and budget reservations.
     gateway_lease_s: float = 15.0
@@ -165,6 +169,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         self._check_role()
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
+        if not 0 < self.max_stream_s < math.inf:
+            raise SettingsError("max_stream_s must be positive")
 
     @property
     def model_specs(self) -> list[tuple[str | None, str]]:
