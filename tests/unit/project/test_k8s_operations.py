@@ -22,7 +22,7 @@ from tests.support.kustomize import (
     selects,
 )
 from web.engine_api import metrics as engine_metrics
-from web.metrics import GatewayMetrics
+from web.ops.metrics import GatewayMetrics
 from web.settings import Settings
 
 DASHBOARD = K8S / "components" / "monitoring" / "atrium-dashboard.json"
