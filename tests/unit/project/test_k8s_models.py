@@ -4,6 +4,8 @@ the NVIDIA runtime and GPU nodes."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.support.kustomize import (
@@ -35,14 +37,29 @@ def _volume(workload: Obj, name: str) -> Obj:
     return found
 
 
-def _pull_args(container: Obj) -> tuple[list[str], dict[str, str]]:
-    """The pull's argv with $(VAR) replaced by where each variable comes from."""
-    sources = {}
+def _expand(text: str, container: Obj) -> str:
+    """``text`` with each $(VAR) replaced by where the container's VAR comes from (a ConfigMap
+    key, written NAME/KEY with the generated name's hash left off), as Kubernetes expands it."""
     for name, entry in env_of(container).items():
         ref = entry.get("valueFrom", {}).get("configMapKeyRef")
         if ref:
-            sources[f"$({name})"] = f"{ref['name']}/{ref['key']}"
-    return [sources.get(a, a) for a in container["args"]], sources
+            configmap = ref["name"].rsplit("-", 1)[0] if ref["name"] != "atrium-config" else ""
+            text = text.replace(f"$({name})", f"{configmap}/{ref['key']}")
+    return text
+
+
+def _pull_args(container: Obj) -> list[str]:
+    return [_expand(a, container) for a in container["args"]]
+
+
+def _loads_from(container: Obj) -> str:
+    """The model path an Atrium container serves: its own ATRIUM_MODEL, expanded."""
+    names = list(env_of(container))
+    model = env_of(container)["ATRIUM_MODEL"]["value"]
+    # Kubernetes expands only variables defined before the entry that uses them.
+    for used in re.findall(r"\$\((\w+)\)", model):
+        assert names.index(used) < names.index("ATRIUM_MODEL"), used
+    return _expand(model, container)
 
 
 @pytest.mark.parametrize("overlay", WITH_MODELS)
@@ -50,19 +67,19 @@ def test_engines_pull_the_chosen_model_then_load_it_read_only(overlay: str) -> N
     objects = render(overlay)
     engine = by_component(objects)["engine"]
     pull = _init(engine, "pull-model")
-    argv, _ = _pull_args(pull)
+    argv = _pull_args(pull)
     assert argv[:2] == ["model", "pull"] and "--tokenizer-only" not in argv
     args = build_parser().parse_args(argv)
     assert args.source == "atrium-model/source"
     assert args.revision == "atrium-model/revision"  # pinned in the ConfigMap, not left out
-    model = find(objects, "ConfigMap", "atrium-model")["data"]
-    assert model["source"] and model["revision"]
+    (model,) = [o for o in objects if o["metadata"]["name"].startswith("atrium-model-")]
+    assert model["data"]["source"] and model["data"]["revision"]
     token = env_of(pull)["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert token["name"] == "atrium-hf-token" and token.get("optional") is True
     (main,) = containers(engine, init=False)
-    pulled_to = str(args.dest)
-    config = find(objects, "ConfigMap", "atrium-config")["data"]
-    assert config["ATRIUM_MODEL"] == pulled_to
+    pulled_to = _loads_from(main)
+    assert pulled_to == str(args.dest) == "/models/atrium-model/source@atrium-model/revision"
+    assert "ATRIUM_MODEL" not in find(objects, "ConfigMap", "atrium-config")["data"]
     mount = _mounts(main)["models"]
     assert pulled_to.startswith(mount["mountPath"] + "/") and mount["readOnly"] is True
     assert _mounts(pull)["models"].get("readOnly") is not True
@@ -83,17 +100,18 @@ def test_gateways_get_the_tokenizer_only_and_never_the_weights(overlay: str) -> 
     parts = by_component(objects)
     gateway = parts["gateway"]
     pull = _init(gateway, "pull-tokenizer")
-    argv, _ = _pull_args(pull)
+    argv = _pull_args(pull)
     args = build_parser().parse_args(argv)
     assert args.tokenizer_only and args.source == "atrium-model/source"
     assert args.revision == "atrium-model/revision"
-    engine_args = build_parser().parse_args(_pull_args(_init(parts["engine"], "pull-model"))[0])
+    engine_args = build_parser().parse_args(_pull_args(_init(parts["engine"], "pull-model")))
     assert str(args.dest) == str(engine_args.dest)  # the same ATRIUM_MODEL path as engines
+    (main,) = containers(gateway, init=False)
+    assert _loads_from(main) == str(args.dest)
     volume = _volume(gateway, "models")
     assert "emptyDir" in volume and "persistentVolumeClaim" not in volume
     claims = [v for v in pod_spec(gateway)["volumes"] if "persistentVolumeClaim" in v]
     assert claims == []
-    (main,) = containers(gateway, init=False)
     assert _mounts(main)["models"]["readOnly"] is True
 
 
