@@ -64,7 +64,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     drain_grace_s: float = 30.0
     # The longest a response may run: a stream still going this long after its request arrived
     # is ended (finish_reason "length", metered as delivered). A drain_grace_s at least this long
-    # lets every stream finish through a rollout (platform/README.md, "Drain").
+    # lets every stream finish through a rollout (platform/README.md, "Drain an engine").
     max_stream_s: float = 600.0
     # A gateway renews its lease in the database every third of this; once a lease is this
     # old, another gateway frees the dead one's concurrency slots and budget reservations.
