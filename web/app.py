@@ -25,6 +25,7 @@ from web.openai.generation import GenerationService, ModelRuntime
 from web.openai.json_body import JsonRequest
 from web.ops import health
 from web.ops.errors import handle_exception
+from web.ops.internal_port import internal_port_guard
 from web.ops.metrics import GatewayMetrics
 from web.ops.openapi_doc import describe as describe_openapi
 from web.ops.tracing import make_tracer_provider
@@ -261,6 +262,7 @@ def create_app(
     loaded at startup from ``settings``; without ``store`` the tenant database at
     ``settings.database_url`` is used."""
     admin = _admin_routers() if include_admin else []
+    internal = settings.internal_port
     metrics = GatewayMetrics(per_tenant=settings.metrics_tenant_labels)
     provider = make_tracer_provider(settings.otlp_endpoint, span_processor)
     state = State(
@@ -346,6 +348,7 @@ def create_app(
         request_max_body_size=settings.max_body_bytes,
         request_class=JsonRequest,
         logging_config=None,
+        middleware=[] if internal is None else [internal_port_guard(internal)],
     )
 
 

@@ -23,6 +23,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # Gateways: a second port (on the same host) for /metrics, the admin API and the console,
+    # which the public port then answers 404 (None: everything on ``port``).
+    internal_port: int | None = None
     # "default", a model folder or .gguf file; several models (each its own engine, KV pool and
     # served name) are separated by commas, each as PATH or NAME=PATH.
     model: str = "default"
@@ -115,6 +118,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError("port must be between 0 and 65535")
+        if self.internal_port is not None:
+            if not 1 <= self.internal_port <= 65535 or self.internal_port == self.port:
+                raise SettingsError("internal_port must be between 1 and 65535, not port")
+            if self.role == "engine":
+                raise SettingsError("internal_port is a gateway's: engines serve one port")
         name = self.served_model_name
         if name is not None and not (0 < len(name) <= 256 and name.isprintable()):
             raise SettingsError("served_model_name must be 1 to 256 printable characters")

@@ -103,6 +103,20 @@ def test_the_dashboard_is_shipped_for_grafanas_sidecar() -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_metrics_and_admin_stay_off_the_public_service(overlay: str) -> None:
+    objects = render(overlay)
+    gateway = by_component(objects)["gateway"]
+    (main,) = containers(gateway, init=False)
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert int(env_of(main)["ATRIUM_INTERNAL_PORT"]["value"]) == ports["internal"]
+    service = find(objects, "Service", "atrium-gateway")
+    exposed = {p.get("targetPort") for p in service["spec"]["ports"]}
+    assert exposed == {"http"} and ports["internal"] != ports["http"]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):  # health answers on both
+        assert main[probe]["httpGet"]["port"] == "http"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_tier_is_a_single_point(overlay: str) -> None:
     objects = render(overlay)
     parts = by_component(objects)
