@@ -90,6 +90,9 @@ def test_the_dashboard_asks_only_for_series_atrium_exports() -> None:
         used |= {n for n in re.findall(r"[a-z_:][a-z0-9_:]*", without_labels)} - functions
     used -= {"status", "reason", "endpoint"}
     assert used and used <= exported, used - exported
+    # The per-tenant panels have per-tenant series to show where the dashboard ships.
+    config = find(render("prod"), "ConfigMap", "atrium-config")["data"]
+    assert config["ATRIUM_METRICS_TENANT_LABELS"] == "true"
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("per tenant", "first token", "inter-token", "queue", "kv cache", "refusals"):
         assert topic in titles, topic
