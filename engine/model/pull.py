@@ -61,6 +61,8 @@ def pull(
             "model_revision_required",
             "a Hugging Face pull needs --revision (a commit sha, tag or branch): it is pinned",
         )
+    if kind == "local" and Path(source).expanduser().resolve() == dest.resolve():
+        raise PullError("model_dest_is_source", "SOURCE and DEST are the same folder")
     dest.mkdir(parents=True, exist_ok=True)
     before = read_record(dest)
     if (

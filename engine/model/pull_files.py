@@ -142,8 +142,6 @@ def copy_verified(src: Path, dst: Path, expected: FileDigest | None = None) -> F
 def pull_local(source: str, dest: Path, tokenizer_only: bool) -> PullRecord:
     """Copy the kept files of a local model folder (checked against its own record, if any)."""
     folder = Path(source).expanduser().resolve()
-    if folder == dest.resolve():
-        raise PullError("model_dest_is_source", "SOURCE and DEST are the same folder")
     names = sorted(
         p.name for p in folder.iterdir() if p.is_file() and wanted(p.name, tokenizer_only)
     )

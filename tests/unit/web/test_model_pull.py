@@ -211,6 +211,9 @@ def test_a_local_folder_or_tar_file_is_copied_and_s3_names_its_missing_package(
     dest = tmp_path / "copy"
     assert main(["model", "pull", str(tiny_llama_dir), str(dest)]) == 0
     assert _kept(dest) == set(model_files)
+    # Onto itself: refused, and the folder's record is kept.
+    assert main(["model", "pull", str(dest), str(dest)]) == 1
+    assert "model_dest_is_source" in capsys.readouterr().err and (dest / RECORD).exists()
     tokenizer = tmp_path / "tokenizer"
     assert main(["model", "pull", str(dest), str(tokenizer), "--tokenizer-only"]) == 0
     assert _kept(tokenizer) >= TOKENIZER_ONLY and "model.safetensors" not in _kept(tokenizer)
