@@ -26,6 +26,7 @@ from web.openai.json_body import JsonRequest
 from web.openai.openapi_bodies import describe as describe_openapi
 from web.ops import health
 from web.ops.errors import handle_exception
+from web.ops.internal_port import internal_port_guard
 from web.ops.metrics import GatewayMetrics
 from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
@@ -87,6 +88,7 @@ def create_app(
     loaded at startup from ``settings``; without ``store`` the tenant database at
     ``settings.database_url`` is used."""
     admin = _admin_routers() if include_admin else []
+    internal = settings.internal_port
     metrics = GatewayMetrics(per_tenant=settings.metrics_tenant_labels)
     provider = make_tracer_provider(settings.otlp_endpoint, span_processor)
     state = State(
@@ -128,6 +130,7 @@ def create_app(
                 provider.get_tracer("atrium.web"),
                 default_max_tokens_cap=settings.default_max_tokens_cap,
                 retry_after_s=settings.retry_after_s,
+                max_stream_s=settings.max_stream_s,
                 admission_concurrency=admission_concurrency(settings.database_url),
                 trace_steps=bool(settings.otlp_endpoint) or span_processor is not None,
             )
@@ -171,6 +174,7 @@ def create_app(
         request_max_body_size=settings.max_body_bytes,
         request_class=JsonRequest,
         logging_config=None,
+        middleware=[] if internal is None else [internal_port_guard(internal)],
     )
 
 

@@ -41,6 +41,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # Gateways: a second port (on the same host) for /metrics, the admin API and the console,
+    # which the public port then answers 404 (None: everything on ``port``).
+    internal_port: int | None = None
     # "default", a model folder or .gguf file; several models (each its own engine, KV pool and
     # served name) are separated by commas, each as PATH or NAME=PATH.
     model: str = "default"
@@ -85,6 +88,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20
     drain_grace_s: float = 30.0
+    # The longest a response may run: a stream still going this long after its request arrived
+    # is ended (finish_reason "length", metered as delivered). A drain_grace_s at least this long
+    # lets every stream finish through a rollout (platform/README.md, "Drain an engine").
+    max_stream_s: float = 600.0
     # A gateway renews its lease in the database every third of this; once a lease is this
     # old, another gateway frees the dead one's concurrency slots and budget reservations.
     gateway_lease_s: float = 15.0
@@ -134,6 +141,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError("port must be between 0 and 65535")
+        if self.internal_port is not None:
+            if not 1 <= self.internal_port <= 65535 or self.internal_port == self.port:
+                raise SettingsError("internal_port must be between 1 and 65535, not port")
+            if self.role == "engine":
+                raise SettingsError("internal_port is a gateway's: engines serve one port")
         name = self.served_model_name
         if name is not None and not (0 < len(name) <= 256 and name.isprintable()):
             raise SettingsError("served_model_name must be 1 to 256 printable characters")
@@ -189,6 +201,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         trusted_proxies(self.forwarded_allow_ips)  # validates
         if self.drain_grace_s < 0 or self.retry_after_s < 0:
             raise SettingsError("drain_grace_s and retry_after_s must not be negative")
+        if not 0 < self.max_stream_s < math.inf:
+            raise SettingsError("max_stream_s must be positive")
 
     @property
     def model_specs(self) -> list[tuple[str | None, str]]:

@@ -6,6 +6,7 @@ import functools
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "platform" / "k8s"
-OVERLAYS = ("dev", "prod")
+# Overlays, and an overlay with optional components after a `+` each (rendered through a
+# kustomization made for the test): every one is rendered and checked.
+OVERLAYS = ("dev", "prod", "prod-autoscale", "prod+model-per-pod+engine-anti-affinity")
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 
 Obj = dict[str, Any]
@@ -32,16 +35,33 @@ def kubectl() -> str:
     return found
 
 
+def overlay_dir(overlay: str) -> Path:
+    """The overlay folder of an OVERLAYS entry (the part before any `+`)."""
+    return K8S / "overlays" / overlay.partition("+")[0]
+
+
 @functools.cache
 def render(overlay: str) -> tuple[Obj, ...]:
-    """Every object `kubectl kustomize platform/k8s/overlays/<overlay>` prints, offline."""
-    done = subprocess.run(
-        [kubectl(), "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """Every object `kubectl kustomize platform/k8s/overlays/<overlay>` prints, offline; with
+    `overlay+component+...`, that overlay with those components of platform/k8s/components."""
+    name, *components = overlay.split("+")
+    with tempfile.TemporaryDirectory() as folder:
+        target = str(K8S / "overlays" / name)
+        if components:
+            # kustomize takes only relative paths to other kustomizations.
+            up = os.path.relpath(K8S, folder)
+            listed = "".join(f"  - {up}/components/{c}\n" for c in components)
+            kustomization = "kind: Kustomization\napiVersion: kustomize.config.k8s.io/v1beta1\n"
+            kustomization += f"resources:\n  - {up}/overlays/{name}\ncomponents:\n{listed}"
+            Path(folder, "kustomization.yaml").write_text(kustomization)
+            target = folder
+        done = subprocess.run(
+            [kubectl(), "kustomize", target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 

@@ -1,4 +1,5 @@
-"""``atrium model export DIR``: write the loaded model as a Hugging Face directory."""
+"""``atrium model export DIR`` (the loaded model as a Hugging Face directory) and ``atrium model
+pull`` (web/cli/model_pull.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from web.cli.env import EXIT_USAGE, env_default
+from web.cli.model_pull import add_pull_command
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +26,7 @@ def register(subparsers: Any) -> None:
         choices=["bfloat16", "float16", "float32"],
     )
     export.set_defaults(func=run_export)
+    add_pull_command(commands)
 
 
 def run_export(args: argparse.Namespace) -> int:

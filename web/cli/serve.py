@@ -113,6 +113,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000)")
     parser.add_argument(
+        "--internal-port",
+        dest="internal_port",
+        type=int,
+        default=None,
+        help="gateways: serve /metrics, the admin API and the console on this port only",
+    )
+    parser.add_argument(
         "--model",
         action=Repeated,
         default=None,
@@ -237,8 +244,25 @@ def run_serve(args: argparse.Namespace) -> int:
         model=settings.model,
         role=settings.role,
     )
-    server.run()
+    sockets = listening_sockets(settings)
+    if sockets is not None:
+        log.info("internal_port", port=settings.internal_port)
+    server.run(sockets=sockets)
     return 0 if server.started else 1
+
+
+def listening_sockets(settings: Settings) -> list[socket.socket] | None:
+    """With ``internal_port``: the public and the internal socket, both on ``host``; else None
+    (uvicorn binds ``port`` itself)."""
+    if settings.internal_port is None:
+        return None
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sockets = []
+    for port in (settings.port, settings.internal_port):
+        sock = socket.create_server((settings.host, port), family=family, reuse_port=False)
+        sock.set_inheritable(True)
+        sockets.append(sock)
+    return sockets
 
 
 def schema_problem(settings: Settings) -> str | None:

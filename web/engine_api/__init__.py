@@ -76,6 +76,7 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
                 provider.get_tracer("atrium.engine"),
                 default_max_tokens_cap=settings.default_max_tokens_cap,
                 retry_after_s=settings.retry_after_s,
+                max_stream_s=settings.max_stream_s,
                 admission_concurrency=ADMISSION_CONCURRENCY,
             )
             app.state.generation = service

@@ -152,6 +152,7 @@ class GenerationService:
         retry_after_s: float = 1.0,
         admission_concurrency: int = 1,
         trace_steps: bool = False,
+        max_stream_s: float | None = None,
     ) -> None:
         # The served models, each with its own engine; the first is the default ``runtime``.
         self.runtimes: list[ModelRuntime] = (
@@ -166,6 +167,8 @@ class GenerationService:
         self.tracer = tracer
         self.default_max_tokens_cap = default_max_tokens_cap
         self.retry_after_s = retry_after_s
+        # The longest a response may run (None: no limit); past it the answer ends as "length".
+        self.max_stream_s = max_stream_s
         self.draining = False
         self.num_arriving = 0  # requests between their arrival and their hand-off to the engine
         # Each engine tenant's requests from admission (waiting at the gate included) to their
@@ -422,6 +425,10 @@ class GenerationService:
                         failed = any(c.finish_reason == "error" for c in job.choices)
                         status = "error" if failed else "ok"
                 yield out
+                if not job.done and self._past_limit(job):
+                    for cut in self._cut(job):
+                        yield cut
+                    status = "ok"
                 if job.done:
                     await merged.aclose()
                     return
@@ -456,6 +463,32 @@ class GenerationService:
                     abort = self._runtime_of(job).engine.abort(choice.request_id)
                     self._spawn(self._maybe_await(abort))
             self._finalize(job, status)
+
+    def _past_limit(self, job: Job) -> bool:
+        limit = self.max_stream_s
+        return limit is not None and time.monotonic() - job.started > limit
+
+    def _cut(self, job: Job) -> list[RequestOutput]:
+        """End every unfinished choice of a job past ``max_stream_s``: aborted in the engine,
+        finished as "length" with what it delivered."""
+        log.info("request_past_max_stream", request_id=job.request_id)
+        cuts = []
+        for choice in job.choices:
+            if choice.finish_reason is None:
+                abort = self._runtime_of(job).engine.abort(choice.request_id)
+                self._spawn(self._maybe_await(abort))
+                choice.finish_reason = "length"
+                cuts.append(
+                    RequestOutput(
+                        choice.request_id,
+                        finished=True,
+                        finish_reason="length",
+                        num_prompt_tokens=len(choice.prompt_token_ids),
+                        num_output_tokens=choice.completion_tokens,
+                    )
+                )
+        job.finish_reason = job.choices[0].finish_reason
+        return cuts
 
     async def _merged(self, job: Job) -> AsyncGenerator[RequestOutput, None]:
         """One engine stream per choice, interleaved as outputs arrive (submitted in order, so

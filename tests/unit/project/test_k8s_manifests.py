@@ -1,10 +1,20 @@
 """platform/k8s: every overlay renders, each object is valid for the pinned Kubernetes versions,
-and the rules an operator relies on hold (resources, probes, non-root, pinned images, wiring)."""
+and the rules an operator relies on hold (resources, probes, non-root, pinned images, wiring).
+
+Custom resources (PodMonitor, ScaledObject) are not in kubernetes-validate's schemas, and no
+installed package ships their CRDs: they are checked against minimal structural JSON schemas in
+crd_schemas/, written by hand from the field lists the Prometheus operator and KEDA publish in
+their CRDs. These catch a misspelt or misplaced field, a wrong type, a missing required field; not
+every rule the real CRDs enforce.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -17,6 +27,7 @@ from tests.support.kustomize import (
     containers,
     env_of,
     find,
+    overlay_dir,
     pod_labels,
     pod_spec,
     render,
@@ -29,6 +40,25 @@ from web.settings import Settings
 # The oldest Kubernetes the manifests support and the newest whose schemas are bundled.
 KUBERNETES_VERSIONS = ("1.32.0", "1.37.0")
 LONG_RUNNING = ("Deployment", "StatefulSet", "DaemonSet")
+# Custom resources, checked against a structural JSON schema of their CRD (crd_schemas/: written
+# from the CRD's published field list, since kubernetes-validate knows core kinds only).
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.schema.json",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.schema.json",
+}
+SCHEMA_DIR = Path(__file__).parent / "crd_schemas"
+ATRIUM_IMAGES = ("atrium:", "atrium-cpu:")
+
+
+def validate(obj: Obj, version: str) -> None:
+    """Raises when ``obj`` is not valid for Kubernetes ``version`` (or for its CRD)."""
+    schema_file = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+    if schema_file is None:
+        # strict: a misspelt or misplaced field is an error, not silently dropped.
+        kubernetes_validate.validate(obj, version, strict=True)
+        return
+    schema = json.loads((SCHEMA_DIR / schema_file).read_text())
+    jsonschema.validate(obj, schema, cls=jsonschema.Draft202012Validator)
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -37,19 +67,38 @@ def test_every_object_is_valid_for_kubernetes(overlay: str, version: str) -> Non
     errors = []
     for obj in render(overlay):
         try:
-            # strict: a misspelt or misplaced field is an error, not silently dropped.
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
+            validate(obj, version)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
             errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
     assert errors == []
 
 
-def test_the_example_secret_is_valid_and_names_every_key_prod_reads() -> None:
-    example = yaml.safe_load((K8S / "overlays" / "prod" / "secret.example.yaml").read_text())
-    kubernetes_validate.validate(example, KUBERNETES_VERSIONS[0], strict=True)
+def test_the_crd_schemas_refuse_what_the_operators_would() -> None:
+    """The structural schemas are strict: a misspelt field or a missing target fails."""
+    monitor = next(o for o in render("prod") if o["kind"] == "PodMonitor")
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    for broken in (
+        {**monitor, "spec": {**monitor["spec"], "selectr": {}}},
+        {**monitor, "spec": {"podMetricsEndpoints": [endpoint]}},  # no selector
+        {**monitor, "spec": {**monitor["spec"], "podMetricsEndpoints": [{"interval": "15 s"}]}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            validate(broken, KUBERNETES_VERSIONS[0])
+    scaled = next(o for o in render("prod-autoscale") if o["kind"] == "ScaledObject")
+    with pytest.raises(jsonschema.ValidationError):
+        validate({**scaled, "spec": {**scaled["spec"], "triggers": []}}, KUBERNETES_VERSIONS[0])
+
+
+def test_the_example_secrets_are_valid_and_name_every_key_prod_reads() -> None:
+    examples = [
+        yaml.safe_load(path.read_text())
+        for path in sorted((K8S / "overlays" / "prod").glob("*.example.yaml"))
+    ]
+    for example in examples:
+        kubernetes_validate.validate(example, KUBERNETES_VERSIONS[0], strict=True)
     referenced = _secret_refs(render("prod"))
-    assert {name for name, _ in referenced} == {example["metadata"]["name"]}
-    assert {key for _, key in referenced} == set(example["stringData"])
+    shown = {(e["metadata"]["name"], key) for e in examples for key in e["stringData"]}
+    assert referenced == shown
     assert not [o for o in render("prod") if o["kind"] == "Secret"], "prod holds no secret"
 
 
@@ -59,14 +108,38 @@ def test_dev_generates_every_secret_key_it_reads() -> None:
         assert key in find(objects, "Secret", name)["data"], f"{name} lacks {key}"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_file_is_part_of_a_kustomization(overlay: str) -> None:
-    for folder in (K8S / "base", K8S / "overlays" / overlay):
-        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
-        used = set(kustomization.get("resources", []))
-        used |= {patch["path"] for patch in kustomization.get("patches", [])}
-        files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
-        assert files - used <= {"secret.example.yaml"}
+def test_every_podmonitor_secret_is_one_prod_expects() -> None:
+    objects = render("prod")
+    referenced = _secret_refs(objects)
+    for monitor in (o for o in objects if o["kind"] == "PodMonitor"):
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            credentials = endpoint.get("authorization", {}).get("credentials")
+            if credentials:
+                assert (credentials["name"], credentials["key"]) in referenced
+
+
+@pytest.mark.parametrize(
+    "folder",
+    [K8S / "base", *sorted((K8S / "overlays").iterdir()), *sorted((K8S / "components").iterdir())],
+    ids=lambda folder: f"{folder.parent.name}/{folder.name}",
+)
+def test_every_file_is_part_of_a_kustomization(folder: Path) -> None:
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    used = set(kustomization.get("resources", []))
+    used |= {patch["path"] for patch in kustomization.get("patches", []) if "path" in patch}
+    for generator in kustomization.get("configMapGenerator", []):
+        used |= set(generator.get("files", []))
+    files = {p.name for p in folder.iterdir() if p.is_file()} - {"kustomization.yaml"}
+    assert {f for f in files - used if not f.endswith(".example.yaml")} == set()
+
+
+def test_every_overlay_and_component_is_rendered_by_the_tests() -> None:
+    rendered = {part for overlay in OVERLAYS for part in overlay.split("+")}
+    assert {p.name for p in (K8S / "overlays").iterdir()} <= rendered
+    for overlay in OVERLAYS:
+        kustomization = yaml.safe_load((overlay_dir(overlay) / "kustomization.yaml").read_text())
+        rendered |= {Path(c).name for c in kustomization.get("components", [])}
+    assert {p.name for p in (K8S / "components").iterdir()} <= rendered
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -141,14 +214,14 @@ def test_disruption_budgets_and_autoscaler_cover_gateways_and_engines(overlay: s
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_engines_answer_health_and_have_time_to_drain(overlay: str) -> None:
     engine = by_component(render(overlay))["engine"]
-    (container,) = containers(engine)
+    (container,) = containers(engine, init=False)
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     drain = float(env_of(container)["ATRIUM_DRAIN_GRACE_S"]["value"])
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert pod_spec(engine)["terminationGracePeriodSeconds"] >= pre_stop + drain + 10
     gpus = container["resources"]["limits"].get("nvidia.com/gpu")
     # prod serves from GPUs; dev runs the default model on the CPU of any cluster.
-    assert gpus == (1 if overlay == "prod" else None)
+    assert gpus == (1 if overlay.startswith("prod") else None)
     assert container["resources"]["requests"].get("nvidia.com/gpu") == gpus
     if gpus is None:  # a CPU engine's KV pool must fit its memory limit, named explicitly
         kv_bytes = int(env_of(container)["ATRIUM_KV_CACHE_BYTES"]["value"])
@@ -160,7 +233,7 @@ def test_engines_answer_health_and_have_time_to_drain(overlay: str) -> None:
 def test_engines_follow_public_prefixes_from_the_gateway_service(overlay: str) -> None:
     objects = render(overlay)
     parts = by_component(objects)
-    (engine,) = containers(parts["engine"])
+    (engine,) = containers(parts["engine"], init=False)
     url = env_of(engine)["ATRIUM_GATEWAY_URL"]["value"]
     found = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", url)
     assert found is not None, url
@@ -188,7 +261,7 @@ def test_the_router_discovers_engines_with_the_rights_it_has(overlay: str) -> No
     # The engine token guards the router too, and it is the one engines check.
     assert _value_after(args, "--api-key") == "$(ATRIUM_ENGINE_TOKEN)"
     token = env_of(container)["ATRIUM_ENGINE_TOKEN"]["valueFrom"]["secretKeyRef"]["key"]
-    (engine_container,) = containers(engine)
+    (engine_container,) = containers(engine, init=False)
     assert env_of(engine_container)["ATRIUM_ENGINE_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == (
         token
     )
@@ -215,7 +288,7 @@ def test_gateways_reach_the_router_and_wait_for_the_migration(overlay: str) -> N
     assert selects(_as_selector(service), pod_labels(parts["router"]))
     (job_container,) = containers(migrate)
     assert job_container["args"] == ["db", "upgrade"]
-    (wait,) = pod_spec(gateway)["initContainers"]
+    (wait,) = [c for c in pod_spec(gateway)["initContainers"] if c["name"] == "wait-for-schema"]
     assert "atrium db check" in " ".join(wait["command"])
     database = {
         env_of(c)["ATRIUM_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"]
@@ -232,7 +305,7 @@ def test_atrium_command_lines_parse_and_name_real_settings(overlay: str) -> None
     checked = 0
     for workload in workloads(objects):
         for container in containers(workload):
-            if not container["image"].rpartition("/")[2].startswith("atrium:"):
+            if not container["image"].rpartition("/")[2].startswith(ATRIUM_IMAGES):
                 continue
             argv = container.get("args")
             if argv is None:  # a shell loop around `atrium ...`
@@ -246,9 +319,22 @@ def test_atrium_command_lines_parse_and_name_real_settings(overlay: str) -> None
             unknown = {n for n in env_of(container) if n.startswith("ATRIUM_")} - fields
             assert unknown == set(), f"{container['name']}: no such settings {unknown}"
             checked += 1
-    assert checked == 4  # the gateway, its wait for the schema, the engine, the migration job
-    for config in (o for o in objects if o["kind"] == "ConfigMap"):
-        assert set(config["data"]) <= fields
+    # The gateway, its wait for the schema, the engine, the migration job; with a model of one's
+    # own, the engine's and the gateway's pulls too.
+    engine_volumes = [v["name"] for v in pod_spec(by_component(objects)["engine"])["volumes"]]
+    pulls = 2 if "models" in engine_volumes else 0
+    assert checked == 4 + pulls
+    # The ConfigMaps every Atrium container reads whole (envFrom) hold settings only.
+    read_whole = {
+        source["configMapRef"]["name"]
+        for workload in workloads(objects)
+        for container in containers(workload)
+        for source in container.get("envFrom", [])
+        if "configMapRef" in source
+    }
+    assert "atrium-config" in read_whole
+    for name in read_whole:
+        assert set(find(objects, "ConfigMap", name)["data"]) <= fields
 
 
 def _secret_refs(objects: tuple[Obj, ...]) -> set[tuple[str, str]]:

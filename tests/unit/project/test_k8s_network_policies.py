@@ -94,6 +94,11 @@ def _pods(overlay: str) -> tuple[dict[str, Pod], list[Obj]]:
 # (source, target, target's named port): may the source open a connection?
 EXPECTED = {
     ("tenant", "gateway", "http"): True,
+    # /metrics, the admin API and the console: Prometheus only.
+    ("tenant", "gateway", "internal"): False,
+    ("neighbour", "gateway", "internal"): False,
+    ("engine", "gateway", "internal"): False,
+    ("prometheus", "gateway", "internal"): True,
     ("neighbour", "gateway", "http"): True,
     ("router", "gateway", "http"): True,
     ("engine", "gateway", "http"): True,  # the public-prefix feed
