@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.factory import load
+from engine.model.export import export_hf
 from web.cli.env import EXIT_USAGE, env_default
 
 
@@ -27,9 +29,6 @@ def register(subparsers: Any) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from engine.factory import load
-    from engine.model.export import export_hf
-
     try:
         loaded = load(args.model, args.dtype)
         export_hf(loaded, args.dir)

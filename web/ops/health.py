@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 from litestar import Request, Response, get
 
 from web.ops.errors import ApiError
 from web.ops.metrics import CONTENT_TYPE, GatewayMetrics
-from web.tenancy.principal import Tenancy
+
+
+class TenancyHealth(Protocol):
+    """What readiness reads of the app's tenancy (``web.tenancy.principal.Tenancy``)."""
+
+    @property
+    def usage_durable(self) -> bool: ...
+
+    async def ready(self) -> bool: ...
 
 
 @get("/healthz")
@@ -21,7 +29,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, object]]:
     state = request.app.state
     model_loaded = state.get("generation") is not None
-    tenancy: Tenancy | None = state.get("tenancy")
+    tenancy: TenancyHealth | None = state.get("tenancy")
     try:
         database = tenancy is not None and await tenancy.ready()
     except Exception:
