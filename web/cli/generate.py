@@ -10,6 +10,8 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import EngineError
+from engine.factory import EngineSpec, resolve_dtype_name
+from engine.launch import start_engine
 from engine.load_progress import progress_for
 from engine.outputs import GenerateRequest
 from engine.sampling_params import SamplingParams
@@ -68,9 +70,6 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 async def _generate(args: argparse.Namespace) -> str:
-    from engine.factory import EngineSpec, resolve_dtype_name
-    from engine.launch import start_engine
-
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.factory import load
+from engine.model.export import export_hf
 from web.cli.env import EXIT_USAGE, env_default
 from web.cli.model_pull import add_pull_command
 
@@ -30,9 +32,6 @@ def register(subparsers: Any) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from engine.factory import load
-    from engine.model.export import export_hf
-
     try:
         loaded = load(args.model, args.dtype)
         export_hf(loaded, args.dir)

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.model.pull import pull
+from engine.model.pull_files import PullError
+
 EXIT_FAILED = 1
 SOURCES = (
     "SOURCE: a Hugging Face repo id (org/name; HF_TOKEN for private or gated repos, HF_ENDPOINT "
@@ -38,9 +41,6 @@ def add_pull_command(commands: Any) -> None:
 
 
 def run_pull(args: argparse.Namespace) -> int:
-    from engine.model.pull import pull
-    from engine.model.pull_files import PullError
-
     try:
         record, fetched = pull(
             args.source,

@@ -10,7 +10,14 @@ from typing import Any
 
 import msgspec
 
+from engine.config import EngineConfig
+from engine.factory import EngineSpec
+from engine.kv_budget import default_memory_fraction
+from engine.launch import start_engine
+from engine.stats import EngineSnapshot
+from web.engine_api.fleet import merge_snapshots
 from web.openai.generation import ModelRuntime
+from web.ops.logging import configure_logging
 from web.settings import Settings
 
 Closer = Callable[[], Awaitable[None]]
@@ -22,11 +29,6 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     By default the engine runs in a child process (its kernels then never wait for this
     process's GIL); ``engine_process=False`` keeps it on a thread of the gateway.
     """
-    from engine.config import EngineConfig
-    from engine.factory import EngineSpec
-    from engine.launch import start_engine
-    from web.ops.logging import configure_logging
-
     settings = settings.single_model()
     config = EngineConfig(
         kv_cache_bytes=settings.kv_cache_bytes,
@@ -85,9 +87,6 @@ class EngineGroup:
 
     def stats(self) -> Any:
         """The engines' snapshots summed (pages, queues, counters, per-tenant numbers)."""
-        from engine.stats import EngineSnapshot
-        from web.engine_api.fleet import merge_snapshots
-
         snapshots = [engine.stats() for engine in self.engines]
         if all(isinstance(snapshot, EngineSnapshot) for snapshot in snapshots):
             return merge_snapshots(snapshots)
@@ -105,7 +104,6 @@ async def load_runtimes(settings: Settings) -> tuple[list[ModelRuntime], Any, Cl
     if len(specs) == 1:
         runtime, engine, close = await load_runtime(settings)
         return [runtime], engine, close
-    from engine.kv_budget import default_memory_fraction
 
     fraction = settings.kv_cache_memory_fraction
     if fraction is None:
