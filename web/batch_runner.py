@@ -26,6 +26,7 @@ from tenants.timeutil import utc_now
 from web import batch_results
 from web.batch_exec import run_line
 from web.errors import ApiError, to_api_error
+from web.generation_pipeline import GenerationPipeline
 from web.service_generation import GenerationService
 from web.settings import Settings
 from web.tenancy_sql import SqlTenancy
@@ -207,9 +208,9 @@ class BatchRunner:
             principal = self.tenancy.batch_principal(
                 ctx, claim.batch_id, self.settings.batch_weight_fraction
             )
-            body = await run_line(
-                service, principal, claim.endpoint, claim.body.encode(), request_id
-            )
+            pipeline = GenerationPipeline(service)
+            raw = claim.body.encode()
+            body = await run_line(pipeline, principal, claim.endpoint, raw, request_id)
         except QuotaExceededError as error:
             if error.reason not in BUDGET_SPENT:  # a rate or concurrency quota frees up
                 raise _RetryLaterError(error.retry_after_s) from error

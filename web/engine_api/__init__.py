@@ -25,6 +25,7 @@ from web.engine_api.metrics import ModelServerCollector
 from web.engine_api.trusted import TrustedTenancy
 from web.engine_api.wire import check_token
 from web.errors import handle_exception
+from web.generation_pipeline import generation_dependencies
 from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
 from web.prefix_feed import start_following
@@ -99,6 +100,7 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
     return Litestar(
         route_handlers=[guarded, *ops.OPEN_ROUTES],
         exception_handlers={Exception: handle_exception},
+        dependencies=generation_dependencies(),
         lifespan=[lifespan],
         state=state,
         request_max_body_size=settings.max_body_bytes,
