@@ -21,7 +21,7 @@ from web import batch_routes, health, routes_openai
 from web.auth_limiter import STATE_KEY as AUTH_LIMITER
 from web.auth_limiter import FailedAuthLimiter
 from web.errors import handle_exception
-from web.generation_pipeline import generation_dependencies
+from web.generation_routes import generation_dependencies
 from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
 from web.openapi_doc import describe as describe_openapi

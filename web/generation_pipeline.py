@@ -15,7 +15,6 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 from litestar import Request, Response
-from litestar.di import NamedDependency, Provide
 from litestar.response import Stream
 from opentelemetry.context import Context
 
@@ -40,7 +39,7 @@ from web.openai_schemas import (
     sampling_params,
 )
 from web.request_fields import CHAT, COMPLETION, decode_request
-from web.service_generation import GenerationService, Job, provide_generation
+from web.service_generation import GenerationService, Job
 from web.structured_output import checked_grammar
 from web.tenancy import Principal
 from web.tools import ToolPlan
@@ -290,13 +289,3 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
     """Return once the client has gone (the body has been read: nothing else comes)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def provide_pipeline(generation: NamedDependency[GenerationService]) -> GenerationPipeline:
-    """The pipeline over the app's generation service (dependency ``pipeline``)."""
-    return GenerationPipeline(generation)
-
-
-def generation_dependencies() -> dict[str, Provide]:
-    """What the generation routes take by name: the service and the pipeline over it."""
-    return {"generation": Provide(provide_generation), "pipeline": Provide(provide_pipeline)}

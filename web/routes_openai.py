@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from litestar import Request, Response, get, post
+from litestar import Request, get
 from litestar.di import NamedDependency
 
 from tenants.errors import InvalidKeyError
@@ -13,11 +13,10 @@ from web import openai_schemas as schemas
 from web import routes_tokens, routes_usage
 from web.auth_limiter import client_address, limiter_of
 from web.errors import ApiError
-from web.generation_pipeline import GenerationPipeline, KeyCaller
-from web.request_fields import CHAT, COMPLETION
+from web.generation_pipeline import KeyCaller
+from web.generation_routes import generation_routes
 from web.service_generation import GenerationService
 from web.tenancy import Principal, Tenancy
-from web.tracing import incoming_context
 
 INFERENCE = "inference"  # the key scope that generation needs
 
@@ -70,29 +69,9 @@ async def list_models(
     return schemas.ModelList(cards)
 
 
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(
-    request: Request[Any, Any, Any], pipeline: NamedDependency[GenerationPipeline]
-) -> Response[Any]:
-    return await _generate(request, pipeline, CHAT)
+async def _key_caller(request: Request[Any, Any, Any]) -> KeyCaller:
+    return KeyCaller(await _authenticate(request, INFERENCE))
 
 
-@post("/v1/completions", status_code=200)
-async def completions(
-    request: Request[Any, Any, Any], pipeline: NamedDependency[GenerationPipeline]
-) -> Response[Any]:
-    return await _generate(request, pipeline, COMPLETION)
-
-
-async def _generate(
-    request: Request[Any, Any, Any], pipeline: GenerationPipeline, endpoint: str
-) -> Response[Any]:
-    with pipeline.arriving():
-        caller = KeyCaller(await _authenticate(request, INFERENCE))
-        trace_parent = incoming_context(request.headers)
-        raw = await request.body()
-        admitted = await pipeline.admit(raw, endpoint, caller, trace_parent=trace_parent)
-    return await pipeline.respond(admitted, request)
-
-
-ROUTES = [list_models, chat_completions, completions, *routes_tokens.ROUTES, *routes_usage.ROUTES]
+GENERATION = generation_routes(_key_caller, watch_disconnect=True, follow_trace=True)
+ROUTES = [list_models, *GENERATION, *routes_tokens.ROUTES, *routes_usage.ROUTES]

@@ -25,7 +25,7 @@ from web.engine_api.metrics import ModelServerCollector
 from web.engine_api.trusted import TrustedTenancy
 from web.engine_api.wire import check_token
 from web.errors import handle_exception
-from web.generation_pipeline import generation_dependencies
+from web.generation_routes import generation_dependencies
 from web.json_body import JsonRequest
 from web.metrics import GatewayMetrics
 from web.prefix_feed import start_following

@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, get, post
+from litestar import Request, get
 from litestar.di import NamedDependency
 
 from web.engine_api.caller import EngineCaller
-from web.generation_pipeline import GenerationPipeline
-from web.request_fields import CHAT, COMPLETION
+from web.generation_routes import generation_routes
 from web.service_generation import GenerationService
 
 
@@ -33,26 +32,8 @@ class EngineModelList(msgspec.Struct):
     object: str = "list"
 
 
-async def _generate(
-    request: Request[Any, Any, Any], pipeline: GenerationPipeline, endpoint: str
-) -> Response[Any]:
-    with pipeline.arriving():
-        admitted = await pipeline.admit(await request.body(), endpoint, EngineCaller())
-    return await pipeline.respond(admitted)
-
-
-@post("/v1/completions", status_code=200)
-async def completions(
-    request: Request[Any, Any, Any], pipeline: NamedDependency[GenerationPipeline]
-) -> Response[Any]:
-    return await _generate(request, pipeline, COMPLETION)
-
-
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(
-    request: Request[Any, Any, Any], pipeline: NamedDependency[GenerationPipeline]
-) -> Response[Any]:
-    return await _generate(request, pipeline, CHAT)
+async def _engine_caller(request: Request[Any, Any, Any]) -> EngineCaller:
+    return EngineCaller()  # the token guard has checked the caller; the body names the tenant
 
 
 @get("/v1/models")
@@ -67,4 +48,6 @@ async def list_models(generation: NamedDependency[GenerationService]) -> EngineM
     return EngineModelList([card])
 
 
-ROUTES = [completions, chat_completions, list_models]
+# The gateway in front watches its own client and carries the trace.
+GENERATION = generation_routes(_engine_caller, watch_disconnect=False, follow_trace=False)
+ROUTES = [*GENERATION, list_models]
