@@ -17,20 +17,22 @@ from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
 from engine.heap import frozen_startup
-from web import batch_routes, health, routes_openai
-from web.auth_limiter import STATE_KEY as AUTH_LIMITER
-from web.auth_limiter import FailedAuthLimiter
-from web.errors import handle_exception
-from web.generation_routes import generation_dependencies
-from web.json_body import JsonRequest
-from web.metrics import GatewayMetrics
-from web.openapi_doc import describe as describe_openapi
-from web.prefix_delivery import start_prefix_delivery
-from web.prefix_feed import internal_router
-from web.service_generation import GenerationService, ModelRuntime
+from web.openai import routes as openai_routes
+from web.openai.batch import routes as batch_routes
+from web.openai.generation import GenerationService, ModelRuntime
+from web.openai.generation_routes import generation_dependencies
+from web.openai.json_body import JsonRequest
+from web.ops import health
+from web.ops.errors import handle_exception
+from web.ops.metrics import GatewayMetrics
+from web.ops.openapi_doc import describe as describe_openapi
+from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
-from web.tenancy import Tenancy
-from web.tracing import make_tracer_provider
+from web.tenancy.auth_limiter import STATE_KEY as AUTH_LIMITER
+from web.tenancy.auth_limiter import FailedAuthLimiter
+from web.tenancy.prefix_delivery import start_prefix_delivery
+from web.tenancy.prefix_feed import internal_router
+from web.tenancy.principal import Tenancy
 
 log = structlog.get_logger("atrium.web")
 Closer = Callable[[], Awaitable[None]]
@@ -82,7 +84,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     if settings.engine_process:
         from engine.model.loader import load_tokenizer
         from engine.process_engine import EngineSpec, ProcessEngine
-        from web.logging import configure_logging
+        from web.ops.logging import configure_logging
 
         tokenizer, _ = await asyncio.to_thread(load_tokenizer, settings.model)
         spec = EngineSpec(
@@ -228,7 +230,7 @@ def engine_numbers(snapshot: Any) -> dict[str, object]:
 
 
 async def connect_tenancy(settings: Settings, state: State) -> tuple[Tenancy, Closer]:
-    from web.tenancy import connect_sql_tenancy
+    from web.tenancy.principal import connect_sql_tenancy
 
     return await connect_sql_tenancy(settings, state)
 
@@ -316,7 +318,7 @@ def create_app(
 
     return Litestar(
         route_handlers=[
-            *routes_openai.ROUTES,
+            *openai_routes.ROUTES,
             *batch_routes.ROUTES,
             *health.ROUTES,
             *admin,

@@ -280,7 +280,7 @@ def test_gateway_role_sends_each_model_to_its_own_engine_url(
 
 def test_each_engine_takes_its_share_of_the_kv_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     import web.app as app_module
-    from web.service_generation import ModelRuntime
+    from web.openai.generation import ModelRuntime
 
     seen: list[tuple[str, str | None, float | None]] = []
     closed: list[str] = []

@@ -24,14 +24,14 @@ from web.engine_api import ops, routes
 from web.engine_api.metrics import ModelServerCollector
 from web.engine_api.trusted import TrustedTenancy
 from web.engine_api.wire import check_token
-from web.errors import handle_exception
-from web.generation_routes import generation_dependencies
-from web.json_body import JsonRequest
-from web.metrics import GatewayMetrics
-from web.prefix_feed import start_following
-from web.service_generation import GenerationService, ModelRuntime
+from web.openai.generation import GenerationService, ModelRuntime
+from web.openai.generation_routes import generation_dependencies
+from web.openai.json_body import JsonRequest
+from web.ops.errors import handle_exception
+from web.ops.metrics import GatewayMetrics
+from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
-from web.tracing import make_tracer_provider
+from web.tenancy.prefix_feed import start_following
 
 log = structlog.get_logger("atrium.engine_api")
 # Requests handed to the engine at once: admission here is only a hand-off (no database).

@@ -13,17 +13,17 @@ import msgspec
 from engine.sampling_params import SamplingParams
 from tenants.lora_adapters import LoraAdapterInfo
 from web.engine_api import wire
-from web.errors import bad_request
-from web.generation_pipeline import OpenAIRequest
-from web.openai_schemas import (
+from web.openai.fields import CHAT
+from web.openai.generation import GenerationService
+from web.openai.pipeline import OpenAIRequest
+from web.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     decode_body,
     sampling_params,
 )
-from web.request_fields import CHAT
-from web.service_generation import GenerationService
-from web.tenancy import Principal
+from web.ops.errors import bad_request
+from web.tenancy.principal import Principal
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from litestar import Litestar
 
 from web.engine_api.client import HttpEngineClient
 from web.engine_api.fleet import Fleet
-from web.service_generation import ModelRuntime
+from web.openai.generation import ModelRuntime
 from web.settings import Settings
 
 log = structlog.get_logger("atrium.gateway")

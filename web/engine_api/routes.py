@@ -13,8 +13,8 @@ from litestar import Request, get
 from litestar.di import NamedDependency
 
 from web.engine_api.caller import EngineCaller
-from web.generation_routes import generation_routes
-from web.service_generation import GenerationService
+from web.openai.generation import GenerationService
+from web.openai.generation_routes import generation_routes
 
 
 class EngineModelCard(msgspec.Struct):
