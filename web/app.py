@@ -13,12 +13,15 @@ import msgspec
 import structlog
 from litestar import Litestar, Router
 from litestar.datastructures import State
+from litestar.di import Provide
 from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
 from engine.heap import frozen_startup
+from tenants.server_secrets import ensure_admin_token
 from web.openai import routes as openai_routes
 from web.openai.batch import routes as batch_routes
+from web.openai.batch.runner import BatchRunner
 from web.openai.generation import GenerationService, ModelRuntime
 from web.openai.generation_routes import generation_dependencies
 from web.openai.json_body import JsonRequest
@@ -26,6 +29,7 @@ from web.ops import health
 from web.ops.errors import handle_exception
 from web.ops.metrics import GatewayMetrics
 from web.ops.openapi_doc import describe as describe_openapi
+from web.ops.services import ops_dependencies
 from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
 from web.tenancy.auth_limiter import STATE_KEY as AUTH_LIMITER
@@ -33,6 +37,8 @@ from web.tenancy.auth_limiter import FailedAuthLimiter
 from web.tenancy.prefix_delivery import start_prefix_delivery
 from web.tenancy.prefix_feed import internal_router
 from web.tenancy.principal import Tenancy
+from web.tenancy.services import tenancy_dependencies
+from web.tenancy.sql import connect_sql_tenancy
 
 log = structlog.get_logger("atrium.web")
 Closer = Callable[[], Awaitable[None]]
@@ -230,9 +236,21 @@ def engine_numbers(snapshot: Any) -> dict[str, object]:
 
 
 async def connect_tenancy(settings: Settings, state: State) -> tuple[Tenancy, Closer]:
-    from web.tenancy.principal import connect_sql_tenancy
+    """The tenant database, the admin token (printed when first made) and the batch runner."""
+    tenancy, lease, close_sql = await connect_sql_tenancy(settings, state)
+    generated = await ensure_admin_token(state.db, settings.admin_token)
+    if generated is not None:
+        # Shown once: only its hash is stored.
+        print(f"Admin token (shown once): {generated}", flush=True)
+    runner = BatchRunner(state.batch_store, state, settings, lease, tenancy)
+    runner.start()
+    state.batch_runner = runner
 
-    return await connect_sql_tenancy(settings, state)
+    async def close() -> None:
+        await runner.stop()
+        await close_sql()
+
+    return tenancy, close
 
 
 def create_app(
@@ -325,7 +343,7 @@ def create_app(
             internal_router,
         ],
         exception_handlers={Exception: handle_exception},
-        dependencies=generation_dependencies(),
+        dependencies=dependencies(),
         lifespan=[lifespan],
         on_startup=[describe_openapi],
         state=state,
@@ -333,6 +351,16 @@ def create_app(
         request_class=JsonRequest,
         logging_config=None,
     )
+
+
+def dependencies() -> dict[str, Provide]:
+    """The services routes take by name (``NamedDependency``) instead of reading ``app.state``."""
+    return {
+        **generation_dependencies(),
+        **tenancy_dependencies(),
+        **ops_dependencies(),
+        "batch_api": Provide(batch_routes.provide_batch_api),
+    }
 
 
 def admission_concurrency(database_url: str) -> int:

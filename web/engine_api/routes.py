@@ -32,7 +32,7 @@ class EngineModelList(msgspec.Struct):
     object: str = "list"
 
 
-async def _engine_caller(request: Request[Any, Any, Any]) -> EngineCaller:
+async def _engine_caller(request: Request[Any, Any, Any], _: GenerationService) -> EngineCaller:
     return EngineCaller()  # the token guard has checked the caller; the body names the tenant
 
 

@@ -15,21 +15,21 @@ from web.openai.generation import GenerationService, provide_generation
 from web.openai.pipeline import Caller, GenerationPipeline
 from web.ops.tracing import incoming_context
 
-CallerOf = Callable[[Request[Any, Any, Any]], Awaitable[Caller]]
+CallerOf = Callable[[Request[Any, Any, Any], GenerationService], Awaitable[Caller]]
 
 
 def generation_routes(
     caller_of: CallerOf, *, watch_disconnect: bool, follow_trace: bool
 ) -> list[HTTPRouteHandler]:
-    """Chat and text completions for callers ``caller_of`` reads from a request (it may refuse
-    one); ``watch_disconnect`` aborts the engine request of a client gone before its answer,
-    ``follow_trace`` continues the trace the request's headers name."""
+    """Chat and text completions for the callers ``caller_of`` makes of a request (it may
+    refuse one); ``watch_disconnect`` aborts the engine request of a client gone before its
+    answer, ``follow_trace`` continues the trace the request's headers name."""
 
     async def serve(
         request: Request[Any, Any, Any], pipeline: GenerationPipeline, endpoint: str
     ) -> Response[Any]:
         with pipeline.arriving():
-            caller = await caller_of(request)
+            caller = await caller_of(request, pipeline.service)
             parent = incoming_context(request.headers) if follow_trace else None
             raw = await request.body()
             admitted = await pipeline.admit(raw, endpoint, caller, trace_parent=parent)

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from engine.errors import InvalidRequestError
@@ -16,6 +17,7 @@ from web.openai import schemas
 from web.openai.fields import unsupported
 from web.openai.generation import GenerationService
 from web.ops.errors import ApiError, bad_request
+from web.tenancy.auth import authenticate
 
 MAX_DETOKENIZE_IDS = 1 << 20
 T = TypeVar("T")
@@ -49,17 +51,11 @@ class DetokenizeResponse(msgspec.Struct):
     prompt: str
 
 
-def _service(request: Request[Any, Any, Any]) -> GenerationService:
-    service: GenerationService = request.app.state.generation
-    return service
-
-
-async def _checked(request: Request[Any, Any, Any], type_: type[T]) -> tuple[GenerationService, T]:
+async def _checked(
+    request: Request[Any, Any, Any], service: GenerationService, type_: type[T]
+) -> tuple[GenerationService, T]:
     """The service and the body, once the key is valid and may call the body's model."""
-    from web.openai.routes import _authenticate  # the one way a tenant key is checked
-
-    principal = await _authenticate(request)
-    service = _service(request)
+    principal = await authenticate(request, service.tenancy)
     body = _decode(await request.body(), type_)
     model = getattr(body, "model", None)
     if model is not None:  # an adapter shares its base model's tokenizer
@@ -82,15 +78,15 @@ def _decode(body: bytes, type_: type[T]) -> T:
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(
-    request: Request[Any, Any, Any], model_id: FromPath[str]
+    request: Request[Any, Any, Any],
+    model_id: FromPath[str],
+    generation: NamedDependency[GenerationService],
 ) -> schemas.ModelCard:
     """The model's card; 404 for a model not served or not allowed to the key (names may hold
     slashes, as ``org/model`` does)."""
-    from web.openai.routes import _authenticate
-
     name = model_id.lstrip("/")
-    service = _service(request)
-    adapter = await service.resolve_model(name, await _authenticate(request))
+    service = generation
+    adapter = await service.resolve_model(name, await authenticate(request, service.tenancy))
     if adapter is None:
         return schemas.ModelCard(id=name, created=0)
     created = int(adapter.created_at.timestamp())
@@ -98,8 +94,10 @@ async def retrieve_model(
 
 
 @post("/tokenize", status_code=200)
-async def tokenize(request: Request[Any, Any, Any]) -> TokenizeResponse:
-    service, body = await _checked(request, TokenizeRequest)
+async def tokenize(
+    request: Request[Any, Any, Any], generation: NamedDependency[GenerationService]
+) -> TokenizeResponse:
+    service, body = await _checked(request, generation, TokenizeRequest)
     tokenizer: Any = service.runtime.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("Send exactly one of prompt and messages.", "prompt")
@@ -121,8 +119,10 @@ async def tokenize(request: Request[Any, Any, Any]) -> TokenizeResponse:
 
 
 @post("/detokenize", status_code=200)
-async def detokenize(request: Request[Any, Any, Any]) -> DetokenizeResponse:
-    service, body = await _checked(request, DetokenizeRequest)
+async def detokenize(
+    request: Request[Any, Any, Any], generation: NamedDependency[GenerationService]
+) -> DetokenizeResponse:
+    service, body = await _checked(request, generation, DetokenizeRequest)
     tokenizer: Any = service.runtime.tokenizer
     vocab_size = getattr(tokenizer, "vocab_size", None)
     if len(body.tokens) > MAX_DETOKENIZE_IDS or (

@@ -7,12 +7,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
-
-from litestar.datastructures import State
 
 from tenants.errors import (
     InvalidKeyError,
@@ -21,7 +19,6 @@ from tenants.errors import (
     TenantSuspendedError,
 )
 from tenants.schemas import SCOPES
-from web.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,12 +188,3 @@ class InMemoryTenancy:
 
     async def close(self) -> None:
         self.closed = True
-
-
-async def connect_sql_tenancy(
-    settings: Settings, state: State
-) -> tuple[Tenancy, Callable[[], Awaitable[None]]]:
-    """The tenant database behind the gateway (see ``web.tenancy.sql``) and its closer."""
-    from web.tenancy.sql import connect_sql_tenancy as connect
-
-    return await connect(settings, state)

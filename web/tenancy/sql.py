@@ -28,7 +28,6 @@ from tenants.lease_keeper import LeaseKeeper
 from tenants.meter import UsageMeter
 from tenants.records import UsageEvent
 from tenants.schemas import Admission, AuthContext, Usage
-from tenants.server_secrets import ensure_admin_token
 from tenants.timeutil import month_period
 from web.ops.errors import ratelimit_headers, unavailable
 from web.settings import Settings
@@ -312,9 +311,10 @@ def _stray(ticket: LocalTicket, at: datetime) -> Admission:
 
 async def connect_sql_tenancy(
     settings: Settings, state: State
-) -> tuple[SqlTenancy, Callable[[], Awaitable[None]]]:
-    """Open the tenant database (migrating the embedded SQLite default), start the meter and
-    the outage monitor, and leave the services on ``state`` for the admin API."""
+) -> tuple[SqlTenancy, LeaseKeeper, Callable[[], Awaitable[None]]]:
+    """Open the tenant database (migrating the embedded SQLite default), start the meter, the
+    lease (the owner of this gateway's reservations and batch claims) and the outage monitor,
+    and leave the services on ``state`` for the admin API and the Batch API."""
     db = await Database.connect(settings.database_url)
     if db.dialect == "sqlite":
         await db.upgrade()
@@ -323,10 +323,6 @@ async def connect_sql_tenancy(
         db, spool_path=Path(settings.usage_spool_path), key_secret=secret
     )
     await domain.meter.start()
-    generated = await ensure_admin_token(db, settings.admin_token)
-    if generated is not None:
-        # Shown once: only its hash is stored.
-        print(f"Admin token (shown once): {generated}", flush=True)
     state.db = db
     state.tenant_domain = domain
     state.key_service = domain.keys
@@ -349,19 +345,12 @@ async def connect_sql_tenancy(
     if callable(drop):  # a suspended or deleted tenant's cached pages go at once
         tenancy.on_tenant_gone.append(drop)
     tenancy.start()
-    # The Batch API's files and batches, and the runner of their lines (web/openai/batch/runner.py).
-    from web.openai.batch.runner import BatchRunner
-
     state.batch_files = FileService(db)
     state.batch_store = BatchStore(db)
-    runner = BatchRunner(state.batch_store, state, settings, lease, tenancy)
-    runner.start()
-    state.batch_runner = runner
 
     async def close() -> None:
-        await runner.stop()
         await tenancy.monitor.stop()
         await lease.stop()
         await domain.close()
 
-    return tenancy, close
+    return tenancy, lease, close
