@@ -31,7 +31,7 @@ from tests.support.postgres import pg_url
 from web.app import create_app
 from web.openai import schemas
 from web.openai.fields import CHAT, COMPLETION, FIELDS
-from web.ops.openapi_doc import RAW_BODIES
+from web.openai.openapi_bodies import RAW_BODIES
 
 # One value of each JSON kind; a value is a wrong type for a field that accepts none of its kinds.
 SAMPLES: dict[str, Any] = {
@@ -151,7 +151,8 @@ def _check(response: Any, field: str, value: Any, must_refuse: bool) -> None:
 
 # -- the tenant API ---------------------------------------------------------------------------
 
-# A valid body per tenant route that decodes its own body (web.ops.openapi_doc lists them all).
+# A valid body per tenant route that decodes its own body (web.openai.openapi_bodies lists them
+# all).
 VALID_BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {
         "model": MODEL,

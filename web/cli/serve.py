@@ -20,8 +20,8 @@ import uvicorn
 from litestar import Litestar
 
 from tenants.database import Database
+from web.app import app_for_role
 from web.cli.db_commands import head_revision, known_revisions
-from web.engine_api import app_for_role
 from web.ops.logging import configure_logging
 from web.ops.server_protocol import guarded_protocol
 from web.settings import Settings, SettingsError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 from litestar import Request, Response, get
 from litestar.di import NamedDependency
@@ -12,7 +12,15 @@ from litestar.params import SkipValidation
 from web.ops.errors import ApiError
 from web.ops.metrics import CONTENT_TYPE, GatewayMetrics
 from web.settings import Settings
-from web.tenancy.principal import Tenancy
+
+
+class TenancyHealth(Protocol):
+    """What readiness reads of the app's tenancy (``web.tenancy.principal.Tenancy``)."""
+
+    @property
+    def usage_durable(self) -> bool: ...
+
+    async def ready(self) -> bool: ...
 
 
 @get("/healthz")
@@ -23,7 +31,7 @@ async def healthz() -> dict[str, str]:
 @get("/readyz")
 async def readyz(
     generation: NamedDependency[Any],
-    tenancy: NamedDependency[SkipValidation[Tenancy | None]],
+    tenancy: NamedDependency[SkipValidation[TenancyHealth | None]],
     engine: NamedDependency[Any],
 ) -> Response[dict[str, object]]:
     model_loaded = generation is not None

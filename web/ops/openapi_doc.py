@@ -2,7 +2,8 @@
 
 The generation routes read their raw body (to name unknown fields in a 400), so Litestar knows
 neither their request nor their streamed response types; they are added here from the msgspec
-structs, with the error shape every route answers in and the bearer authentication.
+structs their face lists (``web.openai.openapi_bodies``), with the error shape every route
+answers in and the bearer authentication.
 """
 
 from __future__ import annotations
@@ -14,50 +15,29 @@ import msgspec
 from litestar import Litestar
 from litestar._openapi.plugin import OpenAPIPlugin
 
-from web.openai import schemas, tokens
-from web.openai.batch import routes as batch_routes
 from web.ops.errors import ERROR_TYPES, ErrorBody
 
 REF = "#/components/schemas/{name}"
-# Routes whose handler decodes its own body: the body's type, and the answer's when Litestar
-# cannot tell it (a JSON answer, or a stream of chunks with ``stream: true``).
-RAW_BODIES: Mapping[str, tuple[type[Any], type[Any] | None, type[Any] | None]] = {
-    "/v1/chat/completions": (
-        schemas.ChatCompletionRequest,
-        schemas.ChatCompletion,
-        schemas.ChatCompletionChunk,
-    ),
-    "/v1/completions": (schemas.CompletionRequest, schemas.TextCompletion, schemas.TextCompletion),
-    "/tokenize": (tokens.TokenizeRequest, None, None),
-    "/detokenize": (tokens.DetokenizeRequest, None, None),
-    "/v1/batches": (batch_routes.BatchCreate, None, None),
-}
-# Routes that take a multipart form (the Batch API's uploads) and the form's parts.
-FORM_BODIES: Mapping[str, dict[str, Any]] = {
-    "/v1/files": {
-        "type": "object",
-        "properties": {
-            "file": {"type": "string", "format": "binary", "description": "JSON lines"},
-            "purpose": {"type": "string", "enum": ["batch"]},
-        },
-        "required": ["file", "purpose"],
-    },
-}
+# A route whose handler decodes its own body: the body's type, and the answer's when Litestar
+# cannot tell it (a JSON answer, or a stream of chunks with ``stream: true``), by path.
+RawBodies = Mapping[str, tuple[type[Any], type[Any] | None, type[Any] | None]]
+# A route that takes a multipart form, and the form's schema, by path.
+FormBodies = Mapping[str, dict[str, Any]]
 # The errors each kind of route may answer with, all in the ``{"error": {...}}`` shape.
 TENANT_ERRORS = (400, 401, 403, 404, 413, 429, 503)
 ADMIN_ERRORS = (400, 401, 403, 404, 409, 503)
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 
 
-def describe(app: Litestar) -> None:
+def describe(app: Litestar, raw_bodies: RawBodies, form_bodies: FormBodies) -> None:
     """Complete the app's OpenAPI document in place (Litestar builds it once and caches it)."""
     plugin = app.plugins.get(OpenAPIPlugin)
-    complete(plugin.provide_openapi_schema())
+    complete(plugin.provide_openapi_schema(), raw_bodies, form_bodies)
 
 
-def complete(doc: dict[str, Any]) -> dict[str, Any]:
+def complete(doc: dict[str, Any], raw_bodies: RawBodies, form_bodies: FormBodies) -> dict[str, Any]:
     """Add the raw routes' bodies, the error responses and the bearer scheme to ``doc``."""
-    types = [t for bodies in RAW_BODIES.values() for t in bodies if t is not None]
+    types = [t for bodies in raw_bodies.values() for t in bodies if t is not None]
     _, components = msgspec.json.schema_components([*types, ErrorBody], ref_template=REF)
     known = doc.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in components.items():
@@ -68,10 +48,10 @@ def complete(doc: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(operation, dict) or method not in ("get", "post", "put", "patch",
                                                                  "delete"):  # fmt: skip
                 continue
-            raw = RAW_BODIES.get(path)
+            raw = raw_bodies.get(path)
             if raw is not None and method == "post":
                 _describe_raw(operation, *raw)
-            form = FORM_BODIES.get(path)
+            form = form_bodies.get(path)
             if form is not None and method == "post":
                 content = {"multipart/form-data": {"schema": form}}
                 operation["requestBody"] = {"required": True, "content": content}

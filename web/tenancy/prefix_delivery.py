@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -14,7 +14,6 @@ from engine.errors import EngineDeadError
 from engine.public_prefix_sync import HeldPrefix, PrefixEntry, PublicPrefixSync
 from tenants.domain import TenantDomain
 from tenants.public_prefixes import PublicPrefixService
-from web.openai.generation import ModelRuntime
 from web.ops.errors import ApiError
 
 if TYPE_CHECKING:  # torch loads with the engine, not with the gateway's modules
@@ -25,6 +24,22 @@ STATE_KEY = "prefix_delivery"
 DEFAULT_POLL_S = 2.0
 
 
+class ServedModel(Protocol):
+    """What delivery reads of the served model (``web.openai.generation.ModelRuntime``)."""
+
+    @property
+    def engine(self) -> object: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def kv_capacity_tokens(self) -> int | None: ...
+
+
 class PrefixDelivery:
     """Keeps one local engine's public prefixes equal to the published rows."""
 
@@ -32,7 +47,7 @@ class PrefixDelivery:
         self,
         service: PublicPrefixService,
         sync: PublicPrefixSync,
-        runtime: ModelRuntime,
+        runtime: ServedModel,
         poll_s: float = DEFAULT_POLL_S,
     ) -> None:
         self._service = service
@@ -109,7 +124,7 @@ def local_engine(engine: object) -> EngineClient | None:
 
 
 async def start_prefix_delivery(
-    state: Any, runtime: ModelRuntime, poll_s: float = DEFAULT_POLL_S
+    state: Any, runtime: ServedModel, poll_s: float = DEFAULT_POLL_S
 ) -> PrefixDelivery | None:
     """Deliver the published prefixes to the app's engine, when it has a database and a local
     engine; left on ``state`` for the admin routes. None otherwise (engines then poll)."""
