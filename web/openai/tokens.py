@@ -53,14 +53,14 @@ class DetokenizeResponse(msgspec.Struct):
 
 async def _checked(
     request: Request[Any, Any, Any], service: GenerationService, type_: type[T]
-) -> tuple[GenerationService, T]:
-    """The service and the body, once the key is valid and may call the body's model."""
+) -> T:
+    """The body, once the key is valid and may call the body's model."""
     principal = await authenticate(request, service.tenancy)
     body = _decode(await request.body(), type_)
     model = getattr(body, "model", None)
     if model is not None:  # an adapter shares its base model's tokenizer
         await service.resolve_model(model, principal)
-    return service, body
+    return body
 
 
 def _decode(body: bytes, type_: type[T]) -> T:
@@ -97,8 +97,8 @@ async def retrieve_model(
 async def tokenize(
     request: Request[Any, Any, Any], generation: NamedDependency[GenerationService]
 ) -> TokenizeResponse:
-    service, body = await _checked(request, generation, TokenizeRequest)
-    tokenizer: Any = service.runtime.tokenizer
+    body = await _checked(request, generation, TokenizeRequest)
+    tokenizer: Any = generation.runtime.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("Send exactly one of prompt and messages.", "prompt")
     if body.messages is not None:
@@ -115,21 +115,20 @@ async def tokenize(
     strs = None
     if body.return_token_strs:
         strs = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-    return TokenizeResponse(len(ids), service.runtime.max_model_len, list(ids), strs)
+    return TokenizeResponse(len(ids), generation.runtime.max_model_len, list(ids), strs)
 
 
 @post("/detokenize", status_code=200)
 async def detokenize(
     request: Request[Any, Any, Any], generation: NamedDependency[GenerationService]
 ) -> DetokenizeResponse:
-    service, body = await _checked(request, generation, DetokenizeRequest)
-    tokenizer: Any = service.runtime.tokenizer
-    vocab_size = getattr(tokenizer, "vocab_size", None)
+    body = await _checked(request, generation, DetokenizeRequest)
+    vocab_size = getattr(generation.runtime.tokenizer, "vocab_size", None)
     if len(body.tokens) > MAX_DETOKENIZE_IDS or (
         isinstance(vocab_size, int) and any(not 0 <= t < vocab_size for t in body.tokens)
     ):
         raise bad_request(f"tokens must be ids in [0, {vocab_size})", "tokens")
-    text = await asyncio.to_thread(tokenizer.decode, body.tokens)
+    text = await asyncio.to_thread(generation.runtime.tokenizer.decode, body.tokens)
     return DetokenizeResponse(text)
 
 

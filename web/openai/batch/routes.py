@@ -115,13 +115,14 @@ class BatchApi:
     batches: BatchStore | None
     settings: Settings
 
-    async def authenticate(self, request: Request[Any, Any, Any]) -> Principal:
-        return await authenticate(request, self.tenancy, INFERENCE)
-
-    def services(self) -> tuple[FileService, BatchStore, Settings]:
+    async def enter(
+        self, request: Request[Any, Any, Any]
+    ) -> tuple[Principal, FileService, BatchStore]:
+        """The key's principal and the stores: 401 for a bad key, then 404 without a database."""
+        principal = await authenticate(request, self.tenancy, INFERENCE)
         if self.files is None or self.batches is None:
             raise ApiError(404, "The Batch API needs the tenant database.", code="not_found")
-        return self.files, self.batches, self.settings
+        return principal, self.files, self.batches
 
 
 async def provide_batch_api(state: State) -> BatchApi:
@@ -161,8 +162,8 @@ async def _form(request: Request[Any, Any, Any], limit: int) -> dict[str, Any]:
 async def upload_file(
     request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    files, _, settings = batch_api.services()
+    principal, files, _ = await batch_api.enter(request)
+    settings = batch_api.settings
     form = await _form(request, settings.batch_max_file_bytes + MAX_FORM_OVERHEAD)
     try:
         return await _store_upload(form, files, settings, principal.tenant_id)
@@ -204,8 +205,7 @@ async def _store_upload(
 async def list_files(
     request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    files, _, _ = batch_api.services()
+    principal, files, _ = await batch_api.enter(request)
     limit = _limit(request)
     if request.query_params.get("order", "desc") != "desc":
         raise ApiError(
@@ -224,8 +224,7 @@ async def list_files(
 async def retrieve_file(
     request: Request[Any, Any, Any], file_id: FromPath[str], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    files, _, _ = batch_api.services()
+    principal, files, _ = await batch_api.enter(request)
     return file_object(await files.get(principal.tenant_id, file_id))
 
 
@@ -233,8 +232,7 @@ async def retrieve_file(
 async def file_content(
     request: Request[Any, Any, Any], file_id: FromPath[str], batch_api: NamedDependency[BatchApi]
 ) -> Response[bytes]:
-    principal = await batch_api.authenticate(request)
-    files, _, _ = batch_api.services()
+    principal, files, _ = await batch_api.enter(request)
     _, content = await files.content(principal.tenant_id, file_id)
     return Response(content, media_type="application/jsonl")
 
@@ -243,8 +241,7 @@ async def file_content(
 async def delete_file(
     request: Request[Any, Any, Any], file_id: FromPath[str], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    files, _, _ = batch_api.services()
+    principal, files, _ = await batch_api.enter(request)
     await files.delete(principal.tenant_id, file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -253,8 +250,8 @@ async def delete_file(
 async def create_batch(
     request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    _, batches, settings = batch_api.services()
+    principal, _, batches = await batch_api.enter(request)
+    settings = batch_api.settings
     body = decode_json(await request.body(), BatchCreate)
     if body.endpoint not in ENDPOINTS:
         raise bad_request(f"endpoint must be one of {', '.join(ENDPOINTS)}.", "endpoint")
@@ -274,8 +271,7 @@ async def create_batch(
 async def list_batches(
     request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    _, batches, _ = batch_api.services()
+    principal, _, batches = await batch_api.enter(request)
     limit = _limit(request)
     after = request.query_params.get("after")
     found = await batches.list_batches(principal.tenant_id, limit=limit + 1, after=after)
@@ -286,8 +282,7 @@ async def list_batches(
 async def retrieve_batch(
     request: Request[Any, Any, Any], batch_id: FromPath[str], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    _, batches, _ = batch_api.services()
+    principal, _, batches = await batch_api.enter(request)
     return batch_object(await batches.get(principal.tenant_id, batch_id))
 
 
@@ -295,8 +290,7 @@ async def retrieve_batch(
 async def cancel_batch(
     request: Request[Any, Any, Any], batch_id: FromPath[str], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await batch_api.authenticate(request)
-    _, batches, _ = batch_api.services()
+    principal, _, batches = await batch_api.enter(request)
     return batch_object(await batches.cancel(principal.tenant_id, batch_id))
 
 
