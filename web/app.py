@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 import structlog
 from litestar import Litestar, Router
 from litestar.datastructures import State
+from litestar.di import Provide
 from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -23,12 +24,14 @@ from web.openai import routes as openai_routes
 from web.openai.batch import routes as batch_routes
 from web.openai.batch.runner import BatchRunner
 from web.openai.generation import GenerationService, ModelRuntime
+from web.openai.generation_routes import generation_dependencies
 from web.openai.json_body import JsonRequest
 from web.openai.openapi_bodies import describe as describe_openapi
 from web.ops import health
 from web.ops.errors import handle_exception
 from web.ops.internal_port import internal_port_guard
 from web.ops.metrics import GatewayMetrics
+from web.ops.services import ops_dependencies
 from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
 from web.tenancy.auth_limiter import STATE_KEY as AUTH_LIMITER
@@ -36,6 +39,7 @@ from web.tenancy.auth_limiter import FailedAuthLimiter
 from web.tenancy.prefix_delivery import start_prefix_delivery
 from web.tenancy.prefix_feed import internal_router
 from web.tenancy.principal import Tenancy
+from web.tenancy.services import tenancy_dependencies
 from web.tenancy.sql import connect_sql_tenancy
 
 log = structlog.get_logger("atrium.web")
@@ -169,6 +173,7 @@ def create_app(
             internal_router,
         ],
         exception_handlers={Exception: handle_exception},
+        dependencies=dependencies(),
         lifespan=[lifespan],
         on_startup=[describe_openapi],
         state=state,
@@ -177,6 +182,16 @@ def create_app(
         logging_config=None,
         middleware=[] if internal is None else [internal_port_guard(internal)],
     )
+
+
+def dependencies() -> dict[str, Provide]:
+    """The services routes take by name (``NamedDependency``) instead of reading ``app.state``."""
+    return {
+        **generation_dependencies(),
+        **tenancy_dependencies(),
+        **ops_dependencies(),
+        "batch_api": Provide(batch_routes.provide_batch_api),
+    }
 
 
 def create_gateway_app(settings: Settings) -> Litestar:

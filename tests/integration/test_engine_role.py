@@ -188,6 +188,28 @@ def test_a_gateway_gets_logprobs_by_token_id(engine: tuple[TestClient, str]) -> 
     assert "atrium_logprobs" not in answer.text  # only for a gateway
 
 
+def test_an_unstreamed_answer_carries_the_logprobs_asked_for(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+) -> None:
+    client, model = engine
+    result = complete(client, model, "tenant-one", logprobs=2, ignore_eos=True)
+    logprobs = result["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == result["usage"]["completion_tokens"] == 2
+    assert all(lp <= 0.0 for lp in logprobs["token_logprobs"])
+    assert all(len(top) <= 2 for top in logprobs["top_logprobs"])
+
+
+def test_a_non_positive_max_completion_tokens_is_refused_as_the_tenant_api_refuses_it(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+) -> None:
+    client, model = engine
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 0, "cache_salt": "tenant-one"}  # fmt: skip
+    answer = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "max_completion_tokens"
+
+
 def test_a_gateway_grammar_crosses_in_the_sampling_settings(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]
     client, model = engine
     grammar = {"kind": "choice", "value": json.dumps(["yes", "no"])}

@@ -7,6 +7,7 @@ from litestar import Router
 from web.admin.adapters_controller import LoraAdaptersController
 from web.admin.audit_controller import list_audit
 from web.admin.auth import admin_guard
+from web.admin.context import admin_dependencies
 from web.admin.engine_controller import engine_status
 from web.admin.keys_controller import KeysController
 from web.admin.live_controller import live_metrics
@@ -24,6 +25,7 @@ from web.openai.json_body import JsonRequest
 admin_router = Router(
     path="/admin/v1",
     guards=[admin_guard],
+    dependencies=admin_dependencies(),
     route_handlers=[
         TenantsController,
         KeysController,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from litestar import get
+from litestar.di import NamedDependency
 from litestar.params import FromQuery
 
 from tenants.records import AuditRecord
-from web.admin.context import services
+from web.admin.context import AdminServices
 from web.admin.tenants_controller import AdminRequest
 from web.admin.window import resolve_window
 
@@ -16,8 +17,9 @@ from web.admin.window import resolve_window
 @get("/audit", tags=["admin"])
 async def list_audit(
     request: AdminRequest,
+    admin_services: NamedDependency[AdminServices],
     start: FromQuery[datetime | None] = None,
     end: FromQuery[datetime | None] = None,
 ) -> list[AuditRecord]:
     start_at, end_at = resolve_window(start, end)
-    return await (await services(request)).audit.entries(start_at, end_at)
+    return await admin_services.audit.entries(start_at, end_at)

@@ -1,6 +1,7 @@
 """Where admin handlers find the app's shared objects: the database, the engine, the services.
 
 Everything lives on ``app.state`` (set by ``web.app.create_app``); nothing here is a module global.
+Admin handlers take the services by dependency injection (``admin_services``).
 """
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
+from litestar.di import Provide
 
 from tenants.audit import AuditService
 from tenants.auth_cache import AuthCache
@@ -92,3 +95,12 @@ async def services(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminServi
         )
     state[SERVICES_STATE] = built
     return built
+
+
+async def provide_admin_services(request: Request[Any, Any, Any]) -> AdminServices:
+    return await services(request)
+
+
+def admin_dependencies() -> dict[str, Provide]:
+    """What the admin handlers take by name (the admin router registers it)."""
+    return {"admin_services": Provide(provide_admin_services)}

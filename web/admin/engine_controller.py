@@ -6,9 +6,10 @@ import inspect
 from typing import Any
 
 from litestar import get
+from litestar.di import NamedDependency
 
 from engine.stats import EngineSnapshot
-from web.admin.context import engine, services
+from web.admin.context import AdminServices, engine
 from web.admin.engine_state import (
     TokenRate,
     processed_tokens,
@@ -46,7 +47,9 @@ def _rate(request: AdminRequest, key: str) -> TokenRate:
 
 
 @get("/engine", tags=["admin"])
-async def engine_status(request: AdminRequest) -> EngineState:
+async def engine_status(
+    request: AdminRequest, admin_services: NamedDependency[AdminServices]
+) -> EngineState:
     """Every engine this gateway sends to: its own process, or those behind its engine URL
     (the router's worker list, polled now), each listed and all of them summed."""
     running = _running_engine(request)
@@ -58,7 +61,7 @@ async def engine_status(request: AdminRequest) -> EngineState:
         raise ApiError(501, "This engine does not report its state.", code="not_implemented")
     if views is None:
         views = [EngineView("local", bool(getattr(running, "is_running", True)), snapshot)]
-    tenants = await (await services(request)).tenants.list_tenants(include_deleted=True)
+    tenants = await admin_services.tenants.list_tenants(include_deleted=True)
     names = {t.id: t.name for t in tenants}
     engines = [
         to_instance_state(

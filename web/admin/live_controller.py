@@ -7,11 +7,12 @@ from datetime import datetime
 from typing import Any
 
 from litestar import get
+from litestar.di import NamedDependency
 from litestar.params import FromQuery
 from prometheus_client import CollectorRegistry
 
 from engine.stats import EngineSnapshot
-from web.admin.context import engine, services
+from web.admin.context import AdminServices, engine
 from web.admin.live_metrics import (
     LATENCY_WINDOW_S,
     MIN_INTERVAL_S,
@@ -51,7 +52,9 @@ async def _snapshot(request: AdminRequest) -> EngineSnapshot | None:
 
 @get("/metrics/live", tags=["admin"])
 async def live_metrics(
-    request: AdminRequest, since: FromQuery[datetime | None] = None
+    request: AdminRequest,
+    admin_services: NamedDependency[AdminServices],
+    since: FromQuery[datetime | None] = None,
 ) -> LiveMetrics:
     """Tokens/s, TTFT and ITL p50/p99, running, waiting and KV pages per tenant, and refusals
     by reason, one point per poll (at most one a second); ``since`` keeps only later points."""
@@ -61,7 +64,7 @@ async def live_metrics(
         )
     history = _history(request)
     latest = history.add(read(_registry(request), await _snapshot(request)))
-    tenants = await (await services(request)).tenants.list_tenants(include_deleted=True)
+    tenants = await admin_services.tenants.list_tenants(include_deleted=True)
     return LiveMetrics(
         interval_s=MIN_INTERVAL_S,
         latency_window_s=LATENCY_WINDOW_S,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import structlog
 from litestar import Controller, delete, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
 from engine.errors import EngineError
 from tenants.public_prefixes import PublicPrefixInfo
-from web.admin.context import services
+from web.admin.context import AdminServices
 from web.admin.schemas import PublicPrefix, PublicPrefixCreate
 from web.admin.tenants_controller import AdminRequest, actor_of
 from web.tenancy.prefix_delivery import PrefixDelivery, delivery_of
@@ -52,33 +53,49 @@ class PublicPrefixesController(Controller):
 
     @post("/", status_code=HTTP_201_CREATED)
     async def publish(
-        self, request: AdminRequest, data: JSONBody[PublicPrefixCreate]
+        self,
+        request: AdminRequest,
+        admin_services: NamedDependency[AdminServices],
+        data: JSONBody[PublicPrefixCreate],
     ) -> PublicPrefix:
         delivery = delivery_of(request.app.state)
         if delivery is not None:
             await delivery.check(data.text)
-        svc = await services(request)
+        svc = admin_services
         info = await svc.public_prefixes.publish(data.text, actor=actor_of(request))
         await _deliver(delivery)
         return _view(info, delivery)
 
     @get("/")
     async def list_prefixes(
-        self, request: AdminRequest, include_unpublished: FromQuery[bool] = False
+        self,
+        request: AdminRequest,
+        admin_services: NamedDependency[AdminServices],
+        include_unpublished: FromQuery[bool] = False,
     ) -> list[PublicPrefix]:
-        svc = await services(request)
+        svc = admin_services
         found = await svc.public_prefixes.list_prefixes(include_unpublished=include_unpublished)
         delivery = delivery_of(request.app.state)
         return [_view(info, delivery) for info in found]
 
     @get("/{prefix_id:str}")
-    async def get_prefix(self, request: AdminRequest, prefix_id: FromPath[str]) -> PublicPrefix:
-        info = await (await services(request)).public_prefixes.get(prefix_id)
+    async def get_prefix(
+        self,
+        request: AdminRequest,
+        admin_services: NamedDependency[AdminServices],
+        prefix_id: FromPath[str],
+    ) -> PublicPrefix:
+        info = await admin_services.public_prefixes.get(prefix_id)
         return _view(info, delivery_of(request.app.state))
 
     @delete("/{prefix_id:str}", status_code=HTTP_200_OK)
-    async def unpublish(self, request: AdminRequest, prefix_id: FromPath[str]) -> PublicPrefix:
-        svc = await services(request)
+    async def unpublish(
+        self,
+        request: AdminRequest,
+        admin_services: NamedDependency[AdminServices],
+        prefix_id: FromPath[str],
+    ) -> PublicPrefix:
+        svc = admin_services
         info = await svc.public_prefixes.unpublish(prefix_id, actor=actor_of(request))
         delivery = delivery_of(request.app.state)
         await _deliver(delivery)

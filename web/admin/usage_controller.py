@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated
 
 from litestar import Response, get, put
+from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from tenants.records import (
@@ -16,7 +17,7 @@ from tenants.records import (
     PriceSet,
     UsageBucket,
 )
-from web.admin.context import services
+from web.admin.context import AdminServices
 from web.admin.tenants_controller import AdminRequest, actor_of
 from web.admin.window import as_utc, resolve_window
 from web.ops.errors import bad_request
@@ -28,13 +29,14 @@ MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/jsonl; ch
 @get("/usage", tags=["admin"])
 async def usage(
     request: AdminRequest,
+    admin_services: NamedDependency[AdminServices],
     tenant_id: FromQuery[str | None] = None,
     start: FromQuery[datetime | None] = None,
     end: FromQuery[datetime | None] = None,
     granularity: FromQuery[Granularity] = "hour",
 ) -> list[UsageBucket]:
     start_at, end_at = resolve_window(start, end)
-    reports = (await services(request)).reports
+    reports = admin_services.reports
     return await reports.usage(start_at, end_at, granularity, tenant_id=tenant_id or None)
 
 
@@ -54,22 +56,26 @@ def manifest_headers(manifest: BillingManifest, filename: str) -> dict[str, str]
 
 
 async def _export(
-    request: AdminRequest, start: datetime, end: datetime, fmt: ExportFormat
+    admin_services: AdminServices,
+    start: datetime,
+    end: datetime,
+    fmt: ExportFormat,
 ) -> tuple[bytes, BillingManifest]:
     start_at, end_at = as_utc(start), as_utc(end)
     if end_at <= start_at:
         raise bad_request("end must be after start", "end")
-    return await (await services(request)).billing.billing_export(start_at, end_at, fmt)
+    return await admin_services.billing.billing_export(start_at, end_at, fmt)
 
 
 @get("/billing/export", tags=["admin"])
 async def billing_export(
     request: AdminRequest,
+    admin_services: NamedDependency[AdminServices],
     start: FromQuery[datetime],
     end: FromQuery[datetime],
     fmt: FormatParam = "csv",
 ) -> Response[bytes]:
-    data, manifest = await _export(request, start, end, fmt)
+    data, manifest = await _export(admin_services, start, end, fmt)
     stamp = f"{manifest.start:%Y%m%dT%H%M%SZ}-{manifest.end:%Y%m%dT%H%M%SZ}"
     return Response(
         content=data,
@@ -81,25 +87,31 @@ async def billing_export(
 @get("/billing/manifest", tags=["admin"])
 async def billing_manifest(
     request: AdminRequest,
+    admin_services: NamedDependency[AdminServices],
     start: FromQuery[datetime],
     end: FromQuery[datetime],
     fmt: FormatParam = "csv",
 ) -> BillingManifest:
     """The manifest the export of the same window and format carries (its digest and totals)."""
-    return (await _export(request, start, end, fmt))[1]
+    return (await _export(admin_services, start, end, fmt))[1]
 
 
 @put("/prices/{model:path}", tags=["admin"])
 async def set_price(
-    request: AdminRequest, model: FromPath[str], data: JSONBody[PriceSet]
+    request: AdminRequest,
+    admin_services: NamedDependency[AdminServices],
+    model: FromPath[str],
+    data: JSONBody[PriceSet],
 ) -> PriceInfo:
-    prices = (await services(request)).prices
+    prices = admin_services.prices
     return await prices.set_price(model.lstrip("/"), data, actor=actor_of(request))
 
 
 @get("/prices", tags=["admin"])
-async def list_prices(request: AdminRequest) -> list[PriceInfo]:
-    return await (await services(request)).prices.list_prices()
+async def list_prices(
+    request: AdminRequest, admin_services: NamedDependency[AdminServices]
+) -> list[PriceInfo]:
+    return await admin_services.prices.list_prices()
 
 
 __all__ = ["billing_export", "billing_manifest", "list_prices", "set_price", "usage"]

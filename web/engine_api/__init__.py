@@ -26,9 +26,11 @@ from web.engine_api.metrics import ModelServerCollector
 from web.engine_api.trusted import TrustedTenancy
 from web.engine_api.wire import check_token
 from web.openai.generation import GenerationService, ModelRuntime
+from web.openai.generation_routes import generation_dependencies
 from web.openai.json_body import JsonRequest
 from web.ops.errors import handle_exception
 from web.ops.metrics import GatewayMetrics
+from web.ops.services import ops_dependencies
 from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
 from web.tenancy.prefix_feed import start_following
@@ -36,11 +38,6 @@ from web.tenancy.prefix_feed import start_following
 log = structlog.get_logger("atrium.engine_api")
 # Requests handed to the engine at once: admission here is only a hand-off (no database).
 ADMISSION_CONCURRENCY = 256
-
-
-def _token_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    settings: Settings = connection.app.state.settings
-    check_token(connection.headers.get("authorization", ""), settings.engine_token or "")
 
 
 def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -> Litestar:
@@ -95,10 +92,14 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
             provider.shutdown()
             log.info("engine_server_stopped")
 
-    guarded = Router(path="/", route_handlers=[*routes.ROUTES, *ops.ROUTES], guards=[_token_guard])
+    def token_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        check_token(connection.headers.get("authorization", ""), settings.engine_token or "")
+
+    guarded = Router(path="/", route_handlers=[*routes.ROUTES, *ops.ROUTES], guards=[token_guard])
     return Litestar(
         route_handlers=[guarded, *ops.OPEN_ROUTES],
         exception_handlers={Exception: handle_exception},
+        dependencies={**generation_dependencies(), **ops_dependencies()},
         lifespan=[lifespan],
         state=state,
         request_max_body_size=settings.max_body_bytes,

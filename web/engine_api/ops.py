@@ -10,47 +10,43 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from litestar import Request, Response, get
+from litestar import Response, get
+from litestar.di import NamedDependency
 
 from engine.stats import EngineSnapshot
 from web.openai.generation import GenerationService
 from web.ops.metrics import CONTENT_TYPE, GatewayMetrics
 
+# Injected by name (web/ops/services.py, web/openai/generation_routes.py).
+Generation = NamedDependency[GenerationService | None]
+Engine = NamedDependency[Any]
 
-def _service(request: Request[Any, Any, Any]) -> GenerationService | None:
-    service: GenerationService | None = request.app.state.get("generation")
-    return service
 
-
-def snapshot_of(request: Request[Any, Any, Any]) -> EngineSnapshot:
-    engine = request.app.state.get("engine")
+def snapshot_of(engine: Any) -> EngineSnapshot:
     snapshot = engine.stats() if engine is not None else None
     return snapshot if isinstance(snapshot, EngineSnapshot) else EngineSnapshot()
 
 
 @get("/health")
-async def health(request: Request[Any, Any, Any]) -> Response[dict[str, object]]:
-    service = _service(request)
-    engine = request.app.state.get("engine")
-    running = service is not None and bool(getattr(engine, "is_running", False))
-    ready = running and service is not None and not service.draining
+async def health(generation: Generation, engine: Engine) -> Response[dict[str, object]]:
+    running = generation is not None and bool(getattr(engine, "is_running", False))
+    ready = running and generation is not None and not generation.draining
     status = "ok" if ready else ("draining" if running else "unavailable")
     return Response({"status": status}, status_code=200 if ready else 503)
 
 
 @get("/metrics")
-async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    registry: GatewayMetrics = request.app.state.metrics
-    service = _service(request)
-    stats = service.runtime.stats if service is not None else None
+async def metrics(
+    generation: Generation, metrics: NamedDependency[GatewayMetrics]
+) -> Response[bytes]:
+    stats = generation.runtime.stats if generation is not None else None
     if stats is not None:
-        registry.update_engine(stats())
-    return Response(registry.render(), media_type=CONTENT_TYPE)
+        metrics.update_engine(stats())
+    return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _server_info(request: Request[Any, Any, Any]) -> dict[str, object]:
-    service = _service(request)
-    snap = snapshot_of(request)
+def _server_info(service: GenerationService | None, engine: Any) -> dict[str, object]:
+    snap = snapshot_of(engine)
     name = service.runtime.name if service is not None else ""
     return {
         "model_path": name,
@@ -63,13 +59,13 @@ def _server_info(request: Request[Any, Any, Any]) -> dict[str, object]:
 
 
 @get(["/server_info", "/get_server_info"])
-async def server_info(request: Request[Any, Any, Any]) -> dict[str, object]:
-    return _server_info(request)
+async def server_info(generation: Generation, engine: Engine) -> dict[str, object]:
+    return _server_info(generation, engine)
 
 
 @get(["/model_info", "/get_model_info"])
-async def model_info(request: Request[Any, Any, Any]) -> dict[str, object]:
-    info = _server_info(request)
+async def model_info(generation: Generation, engine: Engine) -> dict[str, object]:
+    info = _server_info(generation, engine)
     return {"model_path": info["model_path"], "is_generation": True}
 
 
@@ -83,9 +79,9 @@ async def server_version() -> dict[str, str]:
 
 
 @get("/atrium/v1/state")
-async def engine_state(request: Request[Any, Any, Any]) -> EngineSnapshot:
+async def engine_state(engine: Engine) -> EngineSnapshot:
     """The engine's latest snapshot, for the gateways' engine view (an Atrium extension)."""
-    return snapshot_of(request)
+    return snapshot_of(engine)
 
 
 OPEN_ROUTES = [health]

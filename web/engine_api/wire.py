@@ -25,7 +25,6 @@ import msgspec
 
 from engine.sampling_params import SamplingParams
 from tenants.lora_adapters import MAX_NAME_CHARS, LoraAdapterInfo
-from web.openai.schemas import ChatCompletionRequest, CompletionRequest
 from web.ops.errors import ApiError, bad_request
 
 MAX_CACHE_SALT_CHARS = 256
@@ -33,8 +32,9 @@ MAX_TENANT_REQUESTS = 1_000_000
 STATE_PATH = "/atrium/v1/state"  # the engine's live snapshot (an Atrium extension)
 
 
-class EngineCompletionRequest(CompletionRequest, kw_only=True):
-    """``/v1/completions`` with the tenant extension a gateway adds."""
+class TenantFields(msgspec.Struct, kw_only=True):
+    """The tenant extension a gateway adds to an OpenAI body (read from the same JSON object as
+    the OpenAI request itself, whose unknown fields are ignored)."""
 
     cache_salt: str | None = None
     atrium_tenant_weight: float | None = None
@@ -48,34 +48,7 @@ class EngineCompletionRequest(CompletionRequest, kw_only=True):
     atrium_tenant_requests: int | None = None
 
 
-class EngineChatRequest(ChatCompletionRequest, kw_only=True):
-    """``/v1/chat/completions`` with the same extension (msgspec structs take one base)."""
-
-    cache_salt: str | None = None
-    atrium_tenant_weight: float | None = None
-    atrium_kv_cache_share: float | None = None
-    atrium_allow_public_prefix: bool | None = None
-    atrium_prompt_token_ids: list[int] | None = None
-    atrium_sampling: dict[str, Any] | None = None
-    atrium_lora_id: str | None = None
-    atrium_lora_path: str | None = None
-    atrium_background: bool | None = None
-    atrium_tenant_requests: int | None = None
-
-
-TenantFields = EngineCompletionRequest | EngineChatRequest
-TENANT_FIELDS = (
-    "cache_salt",
-    "atrium_tenant_weight",
-    "atrium_kv_cache_share",
-    "atrium_allow_public_prefix",
-    "atrium_prompt_token_ids",
-    "atrium_sampling",
-    "atrium_lora_id",
-    "atrium_lora_path",
-    "atrium_background",
-    "atrium_tenant_requests",
-)
+TENANT_FIELDS = TenantFields.__struct_fields__
 
 # What an engine's routes honour besides the tenant extension (``sampling_params`` of the OpenAI
 # schemas reads these), and the values it takes for fields it honours only at their default

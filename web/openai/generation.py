@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
+from litestar.datastructures import State
 from opentelemetry import trace
 from opentelemetry.context import Context
 
@@ -662,3 +663,9 @@ def _choices(
             choices.append(Choice(index, engine_id, ids, seeded, prefill_after=first))
             first = first or engine_id
     return choices
+
+
+async def provide_generation(state: State) -> GenerationService:
+    """The app's generation service, for Litestar's dependency injection (``generation``)."""
+    service: GenerationService = state.generation
+    return service

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from engine.errors import InvalidRequestError
@@ -50,21 +51,17 @@ class DetokenizeResponse(msgspec.Struct):
     prompt: str
 
 
-def _service(request: Request[Any, Any, Any]) -> GenerationService:
-    service: GenerationService = request.app.state.generation
-    return service
-
-
-async def _checked(request: Request[Any, Any, Any], type_: type[T]) -> tuple[GenerationService, T]:
-    """The service and the body, once the key is valid, has the ``inference`` scope (the
-    tokenizer is part of generation's API) and may call the body's model."""
-    principal = await authenticate(request, INFERENCE)
-    service = _service(request)
+async def _checked(
+    request: Request[Any, Any, Any], service: GenerationService, type_: type[T]
+) -> T:
+    """The body, once the key is valid, has the ``inference`` scope (the tokenizer is part of
+    generation's API) and may call the body's model."""
+    principal = await authenticate(request, service.tenancy, INFERENCE)
     body = _decode(await request.body(), type_)
     model = getattr(body, "model", None)
     if model is not None:  # an adapter shares its base model's tokenizer
         await service.resolve_model(model, principal)
-    return service, body
+    return body
 
 
 def _decode(body: bytes, type_: type[T]) -> T:
@@ -82,14 +79,18 @@ def _decode(body: bytes, type_: type[T]) -> T:
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(
-    request: Request[Any, Any, Any], model_id: FromPath[str]
+    request: Request[Any, Any, Any],
+    model_id: FromPath[str],
+    generation: NamedDependency[GenerationService],
 ) -> schemas.ModelCard:
     """The model's card; 404 for a model not served or not allowed to the key (names may hold
     slashes, as ``org/model`` does). A model's card is for keys that may call it (``inference``);
     the list at /v1/models is open to every key."""
     name = model_id.lstrip("/")
-    service = _service(request)
-    adapter = await service.resolve_model(name, await authenticate(request, INFERENCE))
+    service = generation
+    adapter = await service.resolve_model(
+        name, await authenticate(request, service.tenancy, INFERENCE)
+    )
     if adapter is None:
         return schemas.ModelCard(id=name, created=0)
     created = int(adapter.created_at.timestamp())
@@ -97,9 +98,11 @@ async def retrieve_model(
 
 
 @post("/tokenize", status_code=200)
-async def tokenize(request: Request[Any, Any, Any]) -> TokenizeResponse:
-    service, body = await _checked(request, TokenizeRequest)
-    tokenizer: Any = service.runtime.tokenizer
+async def tokenize(
+    request: Request[Any, Any, Any], generation: NamedDependency[GenerationService]
+) -> TokenizeResponse:
+    body = await _checked(request, generation, TokenizeRequest)
+    tokenizer: Any = generation.runtime.tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("Send exactly one of prompt and messages.", "prompt")
     if body.messages is not None:
@@ -116,19 +119,20 @@ async def tokenize(request: Request[Any, Any, Any]) -> TokenizeResponse:
     strs = None
     if body.return_token_strs:
         strs = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-    return TokenizeResponse(len(ids), service.runtime.max_model_len, list(ids), strs)
+    return TokenizeResponse(len(ids), generation.runtime.max_model_len, list(ids), strs)
 
 
 @post("/detokenize", status_code=200)
-async def detokenize(request: Request[Any, Any, Any]) -> DetokenizeResponse:
-    service, body = await _checked(request, DetokenizeRequest)
-    tokenizer: Any = service.runtime.tokenizer
-    vocab_size = getattr(tokenizer, "vocab_size", None)
+async def detokenize(
+    request: Request[Any, Any, Any], generation: NamedDependency[GenerationService]
+) -> DetokenizeResponse:
+    body = await _checked(request, generation, DetokenizeRequest)
+    vocab_size = getattr(generation.runtime.tokenizer, "vocab_size", None)
     if len(body.tokens) > MAX_DETOKENIZE_IDS or (
         isinstance(vocab_size, int) and any(not 0 <= t < vocab_size for t in body.tokens)
     ):
         raise bad_request(f"tokens must be ids in [0, {vocab_size})", "tokens")
-    text = await asyncio.to_thread(tokenizer.decode, body.tokens)
+    text = await asyncio.to_thread(generation.runtime.tokenizer.decode, body.tokens)
     return DetokenizeResponse(text)
 
 

@@ -12,14 +12,17 @@ from typing import Any
 
 import msgspec
 from litestar import Request, get
+from litestar.di import NamedDependency
 from sqlalchemy import exc as sa_exc
 
 from tenants.database import is_unavailable
+from tenants.domain import TenantDomain
 from tenants.schemas import Quotas
 from tenants.self_usage import BudgetState, RateState, SelfUsage, Statement
 from tenants.timeutil import day_floor
 from web.ops.errors import ApiError, bad_request, unavailable
 from web.tenancy.auth import authenticate
+from web.tenancy.services import TenancyDependency
 
 USAGE_READ = "usage:read"  # the key scope this endpoint needs
 QUERY = ("start_time", "end_time", "bucket_width")
@@ -108,9 +111,13 @@ def _buckets(statement: Statement) -> list[UsageBucketOut]:
 
 
 @get("/v1/usage")
-async def own_usage(request: Request[Any, Any, Any]) -> UsageResponse:
-    principal = await authenticate(request, USAGE_READ)
-    domain = getattr(request.app.state, "tenant_domain", None)
+async def own_usage(
+    request: Request[Any, Any, Any],
+    tenancy: TenancyDependency,
+    tenant_domain: NamedDependency[TenantDomain | None],
+) -> UsageResponse:
+    principal = await authenticate(request, tenancy, USAGE_READ)
+    domain = tenant_domain
     if domain is None:
         raise ApiError(404, "Usage is kept only with a tenant database.", code="not_found")
     start, end = _window(request, datetime.now(UTC))

@@ -6,9 +6,12 @@ import hmac
 from typing import Any, Protocol, TypeGuard
 
 from litestar import Request, Response, get
+from litestar.di import NamedDependency
+from litestar.params import SkipValidation
 
 from web.ops.errors import ApiError
 from web.ops.metrics import CONTENT_TYPE, GatewayMetrics
+from web.settings import Settings
 
 
 class TenancyHealth(Protocol):
@@ -26,17 +29,18 @@ async def healthz() -> dict[str, str]:
 
 
 @get("/readyz")
-async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, object]]:
-    state = request.app.state
-    model_loaded = state.get("generation") is not None
-    tenancy: TenancyHealth | None = state.get("tenancy")
+async def readyz(
+    generation: NamedDependency[Any],
+    tenancy: NamedDependency[SkipValidation[TenancyHealth | None]],
+    engine: NamedDependency[Any],
+) -> Response[dict[str, object]]:
+    model_loaded = generation is not None
     try:
         database = tenancy is not None and await tenancy.ready()
     except Exception:
         database = False
-    draining = bool(model_loaded and state.generation.draining)
+    draining = bool(model_loaded and generation.draining)
     # The engine runs in a child process that can die on its own (killed, out of memory).
-    engine = state.get("engine")
     engine_running = bool(getattr(engine, "is_running", True))
     # Usage the meter can neither store nor spool would be served unbilled.
     usage_durable = tenancy is None or tenancy.usage_durable
@@ -52,10 +56,9 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, object]]
     return Response(body, status_code=200 if ready else 503)
 
 
-def check_metrics_token(request: Request[Any, Any, Any]) -> None:
+def check_metrics_token(request: Request[Any, Any, Any], settings: Settings) -> None:
     """With ``metrics_token`` set, /metrics answers only ``Authorization: Bearer <token>``."""
-    settings = request.app.state.get("settings")
-    expected = getattr(settings, "metrics_token", None)
+    expected = settings.metrics_token
     if not expected:
         return
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -71,10 +74,14 @@ def check_metrics_token(request: Request[Any, Any, Any]) -> None:
 
 
 @get("/metrics")
-async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    check_metrics_token(request)
-    registry: GatewayMetrics = request.app.state.metrics
-    generation = request.app.state.get("generation")
+async def metrics(
+    request: Request[Any, Any, Any],
+    settings: NamedDependency[Settings],
+    metrics: NamedDependency[GatewayMetrics],
+    generation: NamedDependency[Any],
+) -> Response[bytes]:
+    check_metrics_token(request, settings)
+    registry = metrics
     runtimes = generation.runtimes if generation is not None else []
     snapshots = [runtime.stats() for runtime in runtimes if runtime.stats is not None]
     if snapshots:

@@ -15,9 +15,11 @@ from web.tenancy.principal import Principal, Tenancy
 INFERENCE = "inference"  # the key scope that generation needs
 
 
-async def authenticate(request: Request[Any, Any, Any], scope: str | None = None) -> Principal:
-    """The key's principal; a key without ``scope`` is refused with 401, as OpenAI refuses a
-    restricted key that lacks a permission."""
+async def authenticate(
+    request: Request[Any, Any, Any], tenancy: Tenancy, scope: str | None = None
+) -> Principal:
+    """The key's principal, as ``tenancy`` finds it; a key without ``scope`` is refused with
+    401, as OpenAI refuses a restricted key that lacks a permission."""
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
@@ -30,7 +32,6 @@ async def authenticate(request: Request[Any, Any, Any], scope: str | None = None
     address = client_address(request)
     if limiter is not None:
         limiter.check(address)
-    tenancy: Tenancy = request.app.state.tenancy
     try:
         principal = await tenancy.authenticate(secret.strip())
     except InvalidKeyError:

@@ -8,13 +8,15 @@ the request is refused with 413 before more is read.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar._multipart import parse_content_header, parse_multipart_form
-from litestar.datastructures import UploadFile
+from litestar.datastructures import State, UploadFile
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from tenants.batch_files import FileInfo, FileService
@@ -24,6 +26,7 @@ from web.openai.json_body import decode_json
 from web.ops.errors import ApiError, bad_request
 from web.settings import Settings
 from web.tenancy.auth import INFERENCE, authenticate
+from web.tenancy.principal import Principal, Tenancy
 
 MAX_FORM_OVERHEAD = 64 * 1024  # multipart headers and the purpose field around the file
 
@@ -102,12 +105,30 @@ def _limit(request: Request[Any, Any, Any]) -> int:
     return int(raw)
 
 
-def _services(request: Request[Any, Any, Any]) -> tuple[FileService, BatchStore, Settings]:
-    state = request.app.state
-    files, batches = state.get("batch_files"), state.get("batch_store")
-    if files is None or batches is None:
-        raise ApiError(404, "The Batch API needs the tenant database.", code="not_found")
-    return files, batches, state.settings
+@dataclass(frozen=True, slots=True)
+class BatchApi:
+    """What the Batch API routes take (dependency ``batch_api``): the tenancy that checks keys,
+    the file and batch stores (None without a tenant database) and the settings."""
+
+    tenancy: Tenancy
+    files: FileService | None
+    batches: BatchStore | None
+    settings: Settings
+
+    async def enter(
+        self, request: Request[Any, Any, Any]
+    ) -> tuple[Principal, FileService, BatchStore]:
+        """The key's principal and the stores: 401 for a bad key, then 404 without a database."""
+        principal = await authenticate(request, self.tenancy, INFERENCE)
+        if self.files is None or self.batches is None:
+            raise ApiError(404, "The Batch API needs the tenant database.", code="not_found")
+        return principal, self.files, self.batches
+
+
+async def provide_batch_api(state: State) -> BatchApi:
+    return BatchApi(
+        state.tenancy, state.get("batch_files"), state.get("batch_store"), state.settings
+    )
 
 
 async def _capped(request: Request[Any, Any, Any], limit: int) -> AsyncGenerator[bytes, None]:
@@ -138,9 +159,11 @@ async def _form(request: Request[Any, Any, Any], limit: int) -> dict[str, Any]:
 
 
 @post("/v1/files", status_code=200, request_max_body_size=None)
-async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    files, _, settings = _services(request)
+async def upload_file(
+    request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
+) -> dict[str, Any]:
+    principal, files, _ = await batch_api.enter(request)
+    settings = batch_api.settings
     form = await _form(request, settings.batch_max_file_bytes + MAX_FORM_OVERHEAD)
     try:
         return await _store_upload(form, files, settings, principal.tenant_id)
@@ -179,9 +202,10 @@ async def _store_upload(
 
 
 @get("/v1/files")
-async def list_files(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    files, _, _ = _services(request)
+async def list_files(
+    request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
+) -> dict[str, Any]:
+    principal, files, _ = await batch_api.enter(request)
     limit = _limit(request)
     if request.query_params.get("order", "desc") != "desc":
         raise ApiError(
@@ -197,32 +221,37 @@ async def list_files(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 
 @get("/v1/files/{file_id:str}")
-async def retrieve_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    files, _, _ = _services(request)
+async def retrieve_file(
+    request: Request[Any, Any, Any], file_id: FromPath[str], batch_api: NamedDependency[BatchApi]
+) -> dict[str, Any]:
+    principal, files, _ = await batch_api.enter(request)
     return file_object(await files.get(principal.tenant_id, file_id))
 
 
 @get("/v1/files/{file_id:str}/content")
-async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[bytes]:
-    principal = await authenticate(request, INFERENCE)
-    files, _, _ = _services(request)
+async def file_content(
+    request: Request[Any, Any, Any], file_id: FromPath[str], batch_api: NamedDependency[BatchApi]
+) -> Response[bytes]:
+    principal, files, _ = await batch_api.enter(request)
     _, content = await files.content(principal.tenant_id, file_id)
     return Response(content, media_type="application/jsonl")
 
 
 @delete("/v1/files/{file_id:str}", status_code=200)
-async def delete_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    files, _, _ = _services(request)
+async def delete_file(
+    request: Request[Any, Any, Any], file_id: FromPath[str], batch_api: NamedDependency[BatchApi]
+) -> dict[str, Any]:
+    principal, files, _ = await batch_api.enter(request)
     await files.delete(principal.tenant_id, file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
 
 @post("/v1/batches", status_code=200)
-async def create_batch(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    _, batches, settings = _services(request)
+async def create_batch(
+    request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
+) -> dict[str, Any]:
+    principal, _, batches = await batch_api.enter(request)
+    settings = batch_api.settings
     body = decode_json(await request.body(), BatchCreate)
     if body.endpoint not in ENDPOINTS:
         raise bad_request(f"endpoint must be one of {', '.join(ENDPOINTS)}.", "endpoint")
@@ -239,9 +268,10 @@ async def create_batch(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 
 @get("/v1/batches")
-async def list_batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    _, batches, _ = _services(request)
+async def list_batches(
+    request: Request[Any, Any, Any], batch_api: NamedDependency[BatchApi]
+) -> dict[str, Any]:
+    principal, _, batches = await batch_api.enter(request)
     limit = _limit(request)
     after = request.query_params.get("after")
     found = await batches.list_batches(principal.tenant_id, limit=limit + 1, after=after)
@@ -250,17 +280,17 @@ async def list_batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @get("/v1/batches/{batch_id:str}")
 async def retrieve_batch(
-    request: Request[Any, Any, Any], batch_id: FromPath[str]
+    request: Request[Any, Any, Any], batch_id: FromPath[str], batch_api: NamedDependency[BatchApi]
 ) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    _, batches, _ = _services(request)
+    principal, _, batches = await batch_api.enter(request)
     return batch_object(await batches.get(principal.tenant_id, batch_id))
 
 
 @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
-async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> dict[str, Any]:
-    principal = await authenticate(request, INFERENCE)
-    _, batches, _ = _services(request)
+async def cancel_batch(
+    request: Request[Any, Any, Any], batch_id: FromPath[str], batch_api: NamedDependency[BatchApi]
+) -> dict[str, Any]:
+    principal, _, batches = await batch_api.enter(request)
     return batch_object(await batches.cancel(principal.tenant_id, batch_id))
 
 

@@ -26,6 +26,7 @@ from tenants.timeutil import utc_now
 from web.openai.batch import results
 from web.openai.batch.exec import run_line
 from web.openai.generation import GenerationService
+from web.openai.pipeline import GenerationPipeline
 from web.ops.errors import ApiError, to_api_error
 from web.settings import Settings
 from web.tenancy.sql import SqlTenancy
@@ -207,9 +208,9 @@ class BatchRunner:
             principal = self.tenancy.batch_principal(
                 ctx, claim.batch_id, self.settings.batch_weight_fraction
             )
-            body = await run_line(
-                service, principal, claim.endpoint, claim.body.encode(), request_id
-            )
+            pipeline = GenerationPipeline(service)
+            raw = claim.body.encode()
+            body = await run_line(pipeline, principal, claim.endpoint, raw, request_id)
         except QuotaExceededError as error:
             if error.reason not in BUDGET_SPENT:  # a rate or concurrency quota frees up
                 raise _RetryLaterError(error.retry_after_s) from error
