@@ -81,6 +81,22 @@ def test_chat_completion_shape_and_usage(
     assert response.headers["x-request-id"] == body["id"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_one_token_answer_is_metered_ok_before_the_response_ends(
+    client: TestClient,  # type: ignore[type-arg]
+    parts: tuple[ScriptedEngine, InMemoryTenancy],
+    stream: bool,
+) -> None:
+    # The first output already finishes the request: its usage is written as a finished answer
+    # by the time the client has the response, not later as a disconnect.
+    response = client.post(
+        "/v1/chat/completions", json={**CHAT, "max_tokens": 1, "stream": stream}, headers=AUTH
+    )
+    assert response.status_code == 200, response.text
+    _, tenancy = parts
+    assert [(u.status, u.completion_tokens) for u in tenancy.usage] == [("ok", 1)]
+
+
 def test_default_max_tokens_is_remaining_context_capped(
     client: TestClient,  # type: ignore[type-arg]
     parts: tuple[ScriptedEngine, InMemoryTenancy],

@@ -425,16 +425,24 @@ class GenerationService:
                     if job.done:
                         failed = any(c.finish_reason == "error" for c in job.choices)
                         status = "error" if failed else "ok"
-                yield out
+                last = [out]
                 if not job.done and self._past_limit(job):
-                    for cut in self._cut(job):
-                        yield cut
+                    last += self._cut(job)
                     status = "ok"
                 if job.done:
+                    # Closed before the last output goes out: a caller that stops at the output
+                    # that finishes the job (a one-token answer) never resumes this generator,
+                    # and its usage must not wait for the garbage collector, nor read as a
+                    # disconnect.
                     await merged.aclose()
+                    self._finalize(job, status)
+                for item in last:
+                    yield item
+                if job.done:
                     return
         except (asyncio.CancelledError, GeneratorExit):
-            status = "disconnect"
+            if not job.done:
+                status = "disconnect"
             raise
         except EngineError as error:
             if not received:  # refused before computing anything: recorded, never billed
