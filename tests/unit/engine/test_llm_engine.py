@@ -165,11 +165,11 @@ def test_a_step_time_target_measures_costs_and_keeps_outputs_the_same(tiny: Load
         return engine, {rid: tokens_of(out) for rid, out in run_all(engine).items()}
 
     untargeted, reference = run()
-    assert untargeted.scheduler.target is None
+    assert untargeted.scheduler.budget.target_s is None
     auto, auto_tokens = run(target_tpot_ms="auto")
-    target = auto.scheduler.target
-    assert target is not None
+    target = auto.scheduler.budget
     costs = target.costs
+    assert costs is not None
     assert costs.per_decode_s > 0 and costs.per_prefill_token_s > 0
     assert target.target_s == pytest.approx(costs.auto_target_s())
     assert pool_is_whole(auto)  # the measurement handed back every page it borrowed
