@@ -28,7 +28,7 @@ import torch
 from bench.chat_workload import Conversation, chat_body, conversations
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging
 from bench.goodput_metrics import OBJECTIVES, goodput, rate_summary
-from bench.loadgen import Target, client_for, stream_request
+from bench.loadgen import RequestSpec, Target, client_for, run_closed_loop, stream_request
 from bench.metrics import RequestRecord
 from bench.plots import lines
 from bench.servers import (
@@ -102,8 +102,17 @@ async def run_open_loop(
     return [record for records in runs for record in records]
 
 
+def warm_up(target: Target, tenant: str) -> None:
+    """One short request first: kernels built or loaded on first use are not counted."""
+    spec = RequestSpec(tenant, " hello world" * 8, 4)
+    records = asyncio.run(run_closed_loop(target, [spec], 1, 900))
+    if not records or not records[0].ok:
+        raise SystemExit(f"warm-up failed: {records[0].error if records else 'no request'}")
+
+
 def sweep(target: Target, args: argparse.Namespace) -> dict[float, list[RequestRecord]]:
     """Every rate in turn on one server, each with fresh conversations (no cache carried)."""
+    warm_up(target, "t0")
     out = {}
     for i, rate in enumerate(sorted(args.rates)):
         need = int(rate * args.duration * 3) + 8

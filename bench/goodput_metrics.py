@@ -48,6 +48,7 @@ def rate_summary(records: Sequence[RequestRecord]) -> dict[str, object]:
     return {
         "num_requests": len(records),
         "num_errors": len(records) - len(ok),
+        "errors": sorted({r.error for r in records if r.error})[:5],
         "ttft_s": summarize([r.ttft for r in ok]),
         "tpot_s": summarize([r.tpot for r in ok if not math.isnan(r.tpot)]),
         "meeting": {o.name: share_meeting(records, o) for o in OBJECTIVES},
