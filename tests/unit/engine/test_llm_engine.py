@@ -151,6 +151,8 @@ def test_snapshot_counts_per_tenant(tiny: LoadedModel) -> None:
     snapshot = engine.snapshot()
     assert snapshot.running_by_tenant == {"x": 1}
     assert snapshot.waiting_by_tenant == {"y": 1}
+    assert list(snapshot.oldest_wait_by_tenant) == ["y"]  # and how long it has waited
+    assert snapshot.oldest_wait_by_tenant["y"] >= 0
     assert snapshot.num_pages_free == snapshot.num_pages_total - 1
     assert snapshot.counters.num_steps == 1 and snapshot.counters.forward_s > 0
 
