@@ -26,8 +26,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Tests wait on subprocesses, sockets and the database as much as they compute: more workers
+# than cores pay. A module's tests stay on one worker (loadscope), so its module-scoped fixtures
+# (served models, started gateways, Chromium) are built once, as in a serial run. (loadgroup
+# would be finer but xdist 3.8's grouping is a no-op on pytest 9.2: pytest-xdist#1386.)
+PYTEST_WORKERS ?= 3
+
 test: lint typecheck
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit
