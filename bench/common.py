@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 
-from web.logging import stderr_now
+from web.ops.logging import stderr_now
 
 DEFAULT_OUT_DIR = Path("bench/out")
 

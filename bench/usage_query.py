@@ -39,7 +39,7 @@ from tenants.tenant_service import TenantService
 from tenants.usage_report import UsageReport
 from tenants.usage_store import rollup_rows
 from web.admin import admin_router
-from web.errors import handle_exception
+from web.ops.errors import handle_exception
 
 LIMIT_MS = 200.0
 SPAN_START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.draft_state import DraftState
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
     from engine.logits_processing import TokenHistory
     from engine.lora.adapter import LoraAdapter
     from engine.outputs import StepTrace
-    from engine.speculative import DraftState
     from engine.structured.state import GrammarState
 
 

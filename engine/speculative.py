@@ -17,23 +17,14 @@ Pure Python (no torch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from engine.draft_state import DraftState
 
 if TYPE_CHECKING:
     from engine.request import Request
 
 MAX_PAUSE = 16  # steps without drafting after repeated misses, at most
-
-
-@dataclass(slots=True)
-class DraftState:
-    """A request's n-gram index and its recent luck."""
-
-    index: dict[tuple[int, ...], int] = field(default_factory=dict)
-    num_indexed: int = 0  # tokens of all_token_ids whose preceding n-gram is in the index
-    pause: int = 0  # steps left without drafting
-    next_pause: int = 1  # the pause after the next outright miss
 
 
 class NgramDrafter:

@@ -1,15 +1,12 @@
-"""The gateway's app factory: routes, the one error mapping, and what lives on ``app.state``."""
+"""The app factory: the app for each role, its routes, the one error mapping, the wiring of its
+services (engines, tenant database, admin token, batch runner) and what lives on ``app.state``."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
-import msgspec
 import structlog
 from litestar import Litestar, Router
 from litestar.datastructures import State
@@ -17,19 +14,27 @@ from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
 from engine.heap import frozen_startup
-from web import batch_routes, health, routes_openai
-from web.auth_limiter import STATE_KEY as AUTH_LIMITER
-from web.auth_limiter import FailedAuthLimiter
-from web.errors import handle_exception
-from web.json_body import JsonRequest
-from web.metrics import GatewayMetrics
-from web.openapi_doc import describe as describe_openapi
-from web.prefix_delivery import start_prefix_delivery
-from web.prefix_feed import internal_router
-from web.service_generation import GenerationService, ModelRuntime
+from tenants.server_secrets import ensure_admin_token
+from web.engine_api import create_engine_app
+from web.engine_api.gateway import follow_engines, remote_runtimes
+from web.engine_api.local import EngineGroup, load_runtimes
+from web.openai import routes as openai_routes
+from web.openai.batch import routes as batch_routes
+from web.openai.batch.runner import BatchRunner
+from web.openai.generation import GenerationService, ModelRuntime
+from web.openai.json_body import JsonRequest
+from web.openai.openapi_bodies import describe as describe_openapi
+from web.ops import health
+from web.ops.errors import handle_exception
+from web.ops.metrics import GatewayMetrics
+from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
-from web.tenancy import Tenancy
-from web.tracing import make_tracer_provider
+from web.tenancy.auth_limiter import STATE_KEY as AUTH_LIMITER
+from web.tenancy.auth_limiter import FailedAuthLimiter
+from web.tenancy.prefix_delivery import start_prefix_delivery
+from web.tenancy.prefix_feed import internal_router
+from web.tenancy.principal import Tenancy
+from web.tenancy.sql import connect_sql_tenancy
 
 log = structlog.get_logger("atrium.web")
 Closer = Callable[[], Awaitable[None]]
@@ -52,184 +57,22 @@ def _admin_routers() -> list[ControllerRouterHandler]:
     return routers
 
 
-async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
-    """Load the model named by ``settings`` (off the event loop) and start an engine on it.
-
-    By default the engine runs in a child process (its kernels then never wait for this
-    process's GIL); ``engine_process=False`` keeps it on a thread of the gateway.
-    """
-    import torch
-
-    from engine.config import EngineConfig
-
-    settings = settings.single_model()
-    device = settings.resolved_device
-    config = EngineConfig(
-        kv_cache_bytes=settings.kv_cache_bytes,
-        kv_cache_memory_fraction=settings.kv_cache_memory_fraction,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_num_seqs=settings.max_num_seqs,
-        max_model_len=settings.max_model_len,
-        speculative_tokens=settings.speculative_tokens,
-        speculative_max_batch=settings.speculative_max_batch,
-        target_tpot_ms=settings.engine_target_tpot_ms,
-        max_loras=settings.max_loras,
-        max_lora_rank=settings.max_lora_rank,
-        dtype=settings.resolved_dtype,
-        device=device,
-    )
-    if settings.engine_process:
-        from engine.model.loader import load_tokenizer
-        from engine.process_engine import EngineSpec, ProcessEngine
-        from web.logging import configure_logging
-
-        tokenizer, _ = await asyncio.to_thread(load_tokenizer, settings.model)
-        spec = EngineSpec(
-            model=settings.model,
-            dtype=config.dtype,
-            config=config,
-            torch_threads=settings.torch_threads,
-            setup=functools.partial(configure_logging, settings.log_level),
-        )
-        process_engine = ProcessEngine(spec, tokenizer)
-        await asyncio.to_thread(process_engine.start)
-        engine: Any = process_engine
-        name, max_model_len = process_engine.model_name, process_engine.max_model_len
-    else:
-        from engine.async_engine import AsyncEngine
-        from engine.llm_engine import LLMEngine
-        from engine.model.loader import load_model
-        from radix_cache import RadixPrefixCache
-
-        if settings.torch_threads is not None:
-            torch.set_num_threads(settings.torch_threads)
-        loaded = await asyncio.to_thread(
-            load_model, settings.model, getattr(torch, config.dtype), device
-        )
-        llm = await asyncio.to_thread(
-            LLMEngine, loaded, config, prefix_cache_factory=RadixPrefixCache
-        )
-        engine = AsyncEngine(llm)
-        engine.start()
-        tokenizer, name, max_model_len = loaded.tokenizer, loaded.name, llm.max_model_len
-    snapshot = engine.stats()
-    capacity = int(snapshot.num_pages_total) * int(snapshot.page_size)
-    runtime = ModelRuntime(
-        name=settings.served_model_name or name,
-        engine=engine,
-        tokenizer=tokenizer,
-        max_model_len=max_model_len,
-        aliases=("default",) if settings.model == "default" else (),
-        stats=lambda: engine_numbers(engine.stats()),
-        kv_capacity_tokens=capacity or None,
-    )
-    return runtime, engine, engine.shutdown
-
-
-class EngineGroup:
-    """The engines of several served models, as the one ``app.state.engine`` others call:
-    a tenant's pages are dropped in every engine, and all of them must be running."""
-
-    def __init__(self, engines: Sequence[Any]) -> None:
-        self.engines = list(engines)
-
-    @property
-    def is_running(self) -> bool:
-        return all(getattr(engine, "is_running", True) for engine in self.engines)
-
-    def drop_tenant(self, tenant_id: str) -> None:
-        for engine in self.engines:
-            drop = getattr(engine, "drop_tenant", None)
-            if callable(drop):
-                drop(tenant_id)
-
-    def stats(self) -> Any:
-        """The engines' snapshots summed (pages, queues, counters, per-tenant numbers)."""
-        from engine.stats import EngineSnapshot
-        from web.engine_api.fleet import merge_snapshots
-
-        snapshots = [engine.stats() for engine in self.engines]
-        if all(isinstance(snapshot, EngineSnapshot) for snapshot in snapshots):
-            return merge_snapshots(snapshots)
-        return snapshots[0]
-
-
-async def load_runtimes(settings: Settings) -> tuple[list[ModelRuntime], Any, Closer]:
-    """Every model ``settings.model`` names, each in its own engine with its own KV pool.
-
-    One after another, so that each engine sizes its pool from what the earlier ones left:
-    with N models each takes ``kv_cache_memory_fraction / N`` of the memory free when it
-    starts (or ``kv_cache_bytes`` each), so together they stay within the one fraction.
-    """
-    specs = settings.model_specs
-    if len(specs) == 1:
-        runtime, engine, close = await load_runtime(settings)
-        return [runtime], engine, close
-    from engine.kv_budget import default_memory_fraction
-
-    fraction = settings.kv_cache_memory_fraction
-    if fraction is None:
-        fraction = default_memory_fraction(settings.resolved_device.split(":")[0])
-    runtimes: list[ModelRuntime] = []
-    engines: list[Any] = []
-    closers: list[Closer] = []
-
-    async def close_all() -> None:
-        for close in reversed(closers):
-            await close()
-
-    try:
-        for name, path in specs:
-            one = msgspec.structs.replace(
-                settings,
-                model=path,
-                served_model_name=name,
-                kv_cache_memory_fraction=fraction / len(specs),
-            )
-            runtime, engine, close = await load_runtime(one)
-            runtimes.append(runtime)
-            engines.append(engine)
-            closers.append(close)
-    except BaseException:
-        await close_all()
-        raise
-    names = [runtime.name for runtime in runtimes]
-    if len(set(names)) != len(names):
-        await close_all()
-        raise ValueError(f"two served models have the same name: {names}")
-    return runtimes, EngineGroup(engines), close_all
-
-
-def engine_numbers(snapshot: Any) -> dict[str, object]:
-    """The gauges /metrics shows, from the engine's snapshot."""
-    total = int(getattr(snapshot, "num_pages_total", 0))
-    free = int(getattr(snapshot, "num_pages_free", 0))
-    available = int(getattr(snapshot, "num_pages_available", free))
-    counters = getattr(snapshot, "counters", None)
-    kv_pages: dict[str, int] = {}
-    for namespace, numbers in getattr(snapshot, "cache_by_namespace", {}).items():
-        if namespace.startswith("tenant:"):  # a tenant's own, or its adapters' ("…/lora:…")
-            tenant = namespace.removeprefix("tenant:").split("/", 1)[0]
-            kv_pages[tenant] = kv_pages.get(tenant, 0) + int(numbers.resident_pages)
-    return {
-        "num_waiting": getattr(snapshot, "num_waiting", 0),
-        "num_running": getattr(snapshot, "num_running", 0),
-        "num_pages_total": total,
-        "num_pages_used": total - free,
-        "num_pages_cached": available - free,
-        "num_preemptions": getattr(counters, "num_preemptions", None),
-        "num_draft_tokens": getattr(counters, "num_draft_tokens", None),
-        "num_accepted_draft_tokens": getattr(counters, "num_accepted_draft_tokens", None),
-        "waiting_by_tenant": dict(getattr(snapshot, "waiting_by_tenant", {})),
-        "running_by_tenant": dict(getattr(snapshot, "running_by_tenant", {})),
-        "kv_pages_by_tenant": kv_pages,
-    }
-
-
 async def connect_tenancy(settings: Settings, state: State) -> tuple[Tenancy, Closer]:
-    from web.tenancy import connect_sql_tenancy
+    """The tenant database, the admin token (printed when first made) and the batch runner."""
+    tenancy, lease, close_sql = await connect_sql_tenancy(settings, state)
+    generated = await ensure_admin_token(state.db, settings.admin_token)
+    if generated is not None:
+        # Shown once: only its hash is stored.
+        print(f"Admin token (shown once): {generated}", flush=True)
+    runner = BatchRunner(state.batch_store, state, settings, lease, tenancy)
+    runner.start()
+    state.batch_runner = runner
 
-    return await connect_sql_tenancy(settings, state)
+    async def close() -> None:
+        await runner.stop()
+        await close_sql()
+
+    return tenancy, close
 
 
 def create_app(
@@ -315,7 +158,7 @@ def create_app(
 
     return Litestar(
         route_handlers=[
-            *routes_openai.ROUTES,
+            *openai_routes.ROUTES,
             *batch_routes.ROUTES,
             *health.ROUTES,
             *admin,
@@ -329,6 +172,24 @@ def create_app(
         request_class=JsonRequest,
         logging_config=None,
     )
+
+
+def create_gateway_app(settings: Settings) -> Litestar:
+    """The gateway app of all-in-one around remote engines (one router or engine per served
+    model)."""
+    remotes = remote_runtimes(settings)
+    app = create_app(settings, engine=[runtime for runtime, _ in remotes])
+    follow_engines(app, remotes)
+    return app
+
+
+def app_for_role(settings: Settings) -> Litestar:
+    """The app `atrium serve` runs for ``settings.role``: all-in-one, engine or gateway."""
+    if settings.role == "engine":
+        return create_engine_app(settings)
+    if settings.role == "gateway":
+        return create_gateway_app(settings)
+    return create_app(settings)
 
 
 def admission_concurrency(database_url: str) -> int:

@@ -13,6 +13,13 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.device import zeros_on_huge_pages
+from engine.errors import EngineError
+
+
+class BackendUnavailableError(EngineError):
+    """The chosen attention backend cannot run here (missing package or wrong device)."""
+
+    code = "backend_unavailable"
 
 
 class LayerAttention(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from engine.attention.backend import AttentionBackend
+from engine.attention.backend import AttentionBackend, BackendUnavailableError
 from engine.attention.metadata import AttentionMetadata
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -148,8 +148,6 @@ def load_flashinfer() -> ModuleType:
     The error names the real cause: FlashInfer itself missing, or one of its own imports failing
     (a missing dependency such as ``pynvml`` or ``tvm_ffi``, or a broken install).
     """
-    from engine.attention.registry import BackendUnavailableError
-
     try:
         return importlib.import_module("flashinfer")
     except ImportError as exc:

@@ -9,16 +9,9 @@ from typing import Final, Protocol
 
 import torch
 
-from engine.attention.backend import AttentionBackend
-from engine.errors import EngineError
+from engine.attention.backend import AttentionBackend, BackendUnavailableError
 
 FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
-
-
-class BackendUnavailableError(EngineError):
-    """The chosen attention backend cannot run here (missing package or wrong device)."""
-
-    code = "backend_unavailable"
 
 
 class AttentionShape(Protocol):

@@ -24,7 +24,7 @@ from tests.browser.test_admin_console_browser import free_port, in_thread
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
 from web.admin.live_metrics import ITL_FAMILY, TTFT_FAMILY
 from web.engine_api.fleet import EngineView
-from web.metrics import LATENCY_BUCKETS
+from web.ops.metrics import LATENCY_BUCKETS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 BLUE = (0x30, 0x56, 0xD3)  # the first line colour of every chart (console/live.js)

@@ -18,7 +18,7 @@ from tenants import Database, TenantDomain
 from tenants.models import UsageEventRow
 from tenants.schemas import Quotas, TenantCreate
 from web.app import create_app
-from web.service_generation import ModelRuntime
+from web.openai.generation import ModelRuntime
 from web.settings import Settings
 
 FAST = {"batch_poll_s": 0.05, "gateway_lease_s": 3.0}

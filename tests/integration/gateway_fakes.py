@@ -10,9 +10,9 @@ from pathlib import Path
 
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.tokenizer import Tokenizer
-from web.service_generation import ModelRuntime
+from web.openai.generation import ModelRuntime
 from web.settings import Settings
-from web.tenancy import InMemoryTenancy, InMemoryTenant
+from web.tenancy.principal import InMemoryTenancy, InMemoryTenant
 
 MODEL = "tiny-llama"
 KEY_A = "sk-tenant-a"

@@ -17,7 +17,7 @@ from tenants.database import Database
 from tenants.server_secrets import ensure_admin_token
 from web.admin import admin_router
 from web.console import console_router
-from web.errors import handle_exception
+from web.ops.errors import handle_exception
 from web.settings import Settings
 
 ADMIN_TOKEN = "test-admin-token-0123456789"

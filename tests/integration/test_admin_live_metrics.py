@@ -20,7 +20,7 @@ from tests.integration.test_admin_app import (
     db_url,
 )
 from web.admin.live_metrics import ITL_FAMILY, MIN_INTERVAL_S, TTFT_FAMILY
-from web.metrics import LATENCY_BUCKETS
+from web.ops.metrics import LATENCY_BUCKETS
 
 __all__ = ["admin", "anon", "db_url"]  # fixtures used below
 Client = TestClient[Litestar]

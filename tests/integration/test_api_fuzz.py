@@ -29,7 +29,7 @@ from tests.integration.gateway_fakes import settings as gateway_settings
 from tests.integration.pg_gateway import ADMIN_TOKEN, create_tenant
 from tests.integration.test_admin_app import migrated_sqlite
 from web.app import create_app
-from web.openapi_doc import describe
+from web.openai.openapi_bodies import describe
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 12  # per route and operation; each is sent twice (with and without credentials)

@@ -28,10 +28,10 @@ from tests.integration.pg_gateway import migrated_database
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
 from tests.support.lora import make_adapter
 from tests.support.postgres import pg_url
-from web import openai_schemas as schemas
 from web.app import create_app
-from web.openapi_doc import RAW_BODIES
-from web.request_fields import CHAT, COMPLETION, FIELDS
+from web.openai import schemas
+from web.openai.fields import CHAT, COMPLETION, FIELDS
+from web.openai.openapi_bodies import RAW_BODIES
 
 # One value of each JSON kind; a value is a wrong type for a field that accepts none of its kinds.
 SAMPLES: dict[str, Any] = {
@@ -151,7 +151,8 @@ def _check(response: Any, field: str, value: Any, must_refuse: bool) -> None:
 
 # -- the tenant API ---------------------------------------------------------------------------
 
-# A valid body per tenant route that decodes its own body (web.openapi_doc lists them all).
+# A valid body per tenant route that decodes its own body (web.openai.openapi_bodies lists them
+# all).
 VALID_BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {
         "model": MODEL,

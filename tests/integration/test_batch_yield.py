@@ -16,7 +16,7 @@ from engine.model.loader import LoadedModel, load_model
 from engine.outputs import GenerateRequest
 from engine.sampling_params import SamplingParams
 from radix_cache.radix_prefix_cache import RadixPrefixCache
-from web.tenancy import Principal
+from web.tenancy.principal import Principal
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 INTERACTIVE = Principal("acme", weight=1.0)

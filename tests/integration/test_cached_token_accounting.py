@@ -14,7 +14,7 @@ from engine.outputs import GenerateRequest
 from radix_cache.prefix_cache import tenant_namespace
 from tests.integration.gateway_fakes import KEY_A, make_tenancy, settings
 from web.app import create_app
-from web.tenancy import InMemoryTenancy, InMemoryTenant
+from web.tenancy.principal import InMemoryTenancy, InMemoryTenant
 
 KEY_C = "sk-tenant-c"
 

@@ -17,8 +17,8 @@ from litestar.testing import TestClient
 from engine.sampling_params import SamplingParams
 from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy, settings
 from web.app import create_app
-from web.service_generation import GenerationService
-from web.tenancy import InMemoryTenancy, InMemoryTenant, Ticket
+from web.openai.generation import GenerationService
+from web.tenancy.principal import InMemoryTenancy, InMemoryTenant, Ticket
 
 
 async def serve_then_leave(

@@ -279,8 +279,8 @@ def test_gateway_role_sends_each_model_to_its_own_engine_url(
 
 
 def test_each_engine_takes_its_share_of_the_kv_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    import web.app as app_module
-    from web.service_generation import ModelRuntime
+    import web.engine_api.local as local
+    from web.openai.generation import ModelRuntime
 
     seen: list[tuple[str, str | None, float | None]] = []
     closed: list[str] = []
@@ -294,14 +294,14 @@ def test_each_engine_takes_its_share_of_the_kv_memory(monkeypatch: pytest.Monkey
         runtime = ModelRuntime(one.served_model_name, None, None, max_model_len=8)  # type: ignore[arg-type]
         return runtime, object(), close
 
-    monkeypatch.setattr(app_module, "load_runtime", fake_load)
+    monkeypatch.setattr(local, "load_runtime", fake_load)
     config = settings(model="a=/m/a,b=/m/b,c=/m/c", kv_cache_memory_fraction=0.6, device="cpu")
-    runtimes, _, close = asyncio.run(app_module.load_runtimes(config))
+    runtimes, _, close = asyncio.run(local.load_runtimes(config))
     assert [r.name for r in runtimes] == ["a", "b", "c"]
     assert [(m, n) for m, n, _ in seen] == [("/m/a", "a"), ("/m/b", "b"), ("/m/c", "c")]
     assert [f for _, _, f in seen] == pytest.approx([0.2, 0.2, 0.2])
     asyncio.run(close())
     assert closed == ["/m/c", "/m/b", "/m/a"]
     seen.clear()
-    asyncio.run(app_module.load_runtimes(settings(model="a=/m/a,b=/m/b", device="cpu")))
+    asyncio.run(local.load_runtimes(settings(model="a=/m/a,b=/m/b", device="cpu")))
     assert [f for _, _, f in seen] == pytest.approx([0.125, 0.125])  # CPU's 0.25, halved

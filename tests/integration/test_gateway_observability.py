@@ -25,7 +25,8 @@ from tests.integration.gateway_fakes import (
     make_tenancy,
     settings,
 )
-from web.app import create_app, engine_numbers
+from web.app import create_app
+from web.engine_api.local import engine_numbers
 
 Client = TestClient[Litestar]
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

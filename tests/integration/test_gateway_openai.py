@@ -21,8 +21,8 @@ from tests.integration.gateway_fakes import (
     settings,
 )
 from web.app import create_app
-from web.service_generation import ModelRuntime
-from web.tenancy import InMemoryTenancy
+from web.openai.generation import ModelRuntime
+from web.tenancy.principal import InMemoryTenancy
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}]}

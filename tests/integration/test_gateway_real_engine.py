@@ -11,7 +11,7 @@ from litestar.testing import TestClient
 
 from tests.integration.gateway_fakes import KEY_A, make_tenancy, settings
 from web.app import create_app
-from web.tenancy import InMemoryTenancy
+from web.tenancy.principal import InMemoryTenancy
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 

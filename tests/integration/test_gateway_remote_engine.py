@@ -17,8 +17,8 @@ from tests.integration.gateway_fakes import KEY_A, make_tenancy, settings
 from tests.support.serve import free_port
 from web.app import create_app
 from web.engine_api.client import LOST, HttpEngineClient
-from web.service_generation import ModelRuntime
-from web.tenancy import InMemoryTenancy
+from web.openai.generation import ModelRuntime
+from web.tenancy.principal import InMemoryTenancy
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 MODEL = "tiny-remote"

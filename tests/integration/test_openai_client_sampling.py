@@ -14,7 +14,7 @@ from litestar.testing import TestClient
 
 from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy, settings
 from web.app import create_app
-from web.tenancy import InMemoryTenancy
+from web.tenancy.principal import InMemoryTenancy
 
 MESSAGES: Any = [{"role": "user", "content": "hello there"}]
 GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}

@@ -19,7 +19,7 @@ from litestar.testing import TestClient
 
 from tests.integration.gateway_fakes import settings
 from web.app import create_app
-from web.tenancy import InMemoryTenancy, InMemoryTenant
+from web.tenancy.principal import InMemoryTenancy, InMemoryTenant
 
 KEY = "sk-structured"  # a tenant without a prompt limit: tool prompts are long in bytes
 MESSAGES: Any = [{"role": "user", "content": "Describe a person."}]

@@ -190,7 +190,7 @@ def test_an_engine_follows_the_gateway_feed(config: Settings, tiny_llama_dir: Pa
     from engine.model.loader import load_model
     from engine.public_prefix_sync import PublicPrefixSync
     from radix_cache import RadixPrefixCache
-    from web.prefix_feed import follow_public_prefixes, start_following
+    from web.tenancy.prefix_feed import follow_public_prefixes, start_following
 
     async def main() -> None:
         loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)

@@ -14,7 +14,7 @@ from tenants.database import Database
 from tests.support.postgres import pg_admin, pg_url, require_postgres
 from web.cli import main
 from web.cli.db_commands import head_revision, known_revisions
-from web.cli_serve import schema_problem
+from web.cli.serve import schema_problem
 from web.settings import Settings
 
 NAME = f"atrium_schema_check_{os.getpid()}"

@@ -20,7 +20,7 @@ from engine.sampling_params import SamplingParams
 from engine.structured.spec import GrammarSpec
 from radix_cache.radix_prefix_cache import RadixPrefixCache
 from tests.support.greedy import run_all
-from web.structured_output import GrammarLimits
+from web.openai.structured_output import GrammarLimits
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from web.admin.usage_controller import (
     set_price,
     usage,
 )
-from web.json_body import JsonRequest
+from web.openai.json_body import JsonRequest
 
 admin_router = Router(
     path="/admin/v1",

@@ -15,7 +15,7 @@ from tenants.errors import NotFoundError
 from tenants.lora_adapters import LoraAdapterInfo, LoraAdapterService
 from web.admin.context import database
 from web.admin.tenants_controller import AdminRequest, actor_of
-from web.errors import ApiError
+from web.ops.errors import ApiError
 
 
 class LoraAdapterCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

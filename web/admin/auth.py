@@ -13,8 +13,8 @@ from litestar.handlers.base import BaseRouteHandler
 from tenants.server_secrets import verify_admin_token
 from web.admin.context import database
 from web.admin.session import CSRF_HEADER, csrf_matches, current_session
-from web.auth_limiter import client_address, limiter_of
-from web.errors import ApiError
+from web.ops.errors import ApiError
+from web.tenancy.auth_limiter import client_address, limiter_of
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 TOKEN_ACTOR = "admin-token"

@@ -22,7 +22,7 @@ from tenants.public_prefixes import PublicPrefixService
 from tenants.server_secrets import load_key_secret
 from tenants.tenant_service import TenantService
 from tenants.usage_report import UsageReport
-from web.errors import ApiError
+from web.ops.errors import ApiError
 
 SERVICES_STATE = "admin_services"
 

@@ -18,7 +18,7 @@ from web.admin.engine_state import (
 from web.admin.schemas import EngineState
 from web.admin.tenants_controller import AdminRequest
 from web.engine_api.fleet import EngineView
-from web.errors import ApiError
+from web.ops.errors import ApiError
 
 RATE_STATE = "admin_token_rate"
 

@@ -21,7 +21,7 @@ from web.admin.live_metrics import (
     read,
 )
 from web.admin.tenants_controller import AdminRequest
-from web.errors import ApiError
+from web.ops.errors import ApiError
 
 HISTORY_STATE = "admin_live_history"
 

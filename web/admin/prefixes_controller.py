@@ -1,7 +1,7 @@
 """Admin routes for public prefixes: publish, list, read, unpublish (stored in SQL, audited).
 
 A change made here reaches this gateway's own engine before the answer (all-in-one); engines
-of the engine role fetch the published set from the gateway (``web.prefix_feed``).
+of the engine role fetch the published set from the gateway (``web.tenancy.prefix_feed``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tenants.public_prefixes import PublicPrefixInfo
 from web.admin.context import services
 from web.admin.schemas import PublicPrefix, PublicPrefixCreate
 from web.admin.tenants_controller import AdminRequest, actor_of
-from web.prefix_delivery import PrefixDelivery, delivery_of
+from web.tenancy.prefix_delivery import PrefixDelivery, delivery_of
 
 log = structlog.get_logger("atrium.admin")
 

@@ -19,7 +19,7 @@ from tenants.records import (
 from web.admin.context import services
 from web.admin.tenants_controller import AdminRequest, actor_of
 from web.admin.window import as_utc, resolve_window
-from web.errors import bad_request
+from web.ops.errors import bad_request
 
 FormatParam = Annotated[ExportFormat, QueryParameter(name="format")]
 MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/jsonl; charset=utf-8"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from web.errors import bad_request
+from web.ops.errors import bad_request
 
 DEFAULT_SPAN = timedelta(days=30)
 

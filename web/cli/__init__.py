@@ -1,33 +1,36 @@
-"""The ``atrium`` command line: every ``web.cli_*`` module and ``web.cli.*_commands`` module
-registers its subcommands (``register(subparsers)``, setting ``func(args) -> int`` as default).
+"""The ``atrium`` command line: ``COMMANDS`` names the module that registers each subcommand
+(``register(subparsers)``, setting ``func(args) -> int`` as default).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import pkgutil
 import sys
 from collections.abc import Sequence
 
-import web
-from web.logging import configure_logging
+from web.cli.env import EXIT_USAGE, env_default
+from web.ops.logging import configure_logging
 
-EXIT_USAGE = 2
+# Each top-level command and the module that registers it, in `atrium --help` order. A run imports
+# only its command's module, so the SQL commands never load the engine (nor torch).
+COMMANDS: dict[str, str] = {
+    "generate": "web.cli.generate",
+    "model": "web.cli.model",
+    "serve": "web.cli.serve",
+    "db": "web.cli.db_commands",
+    "keys": "web.cli.key_commands",
+    "public-prefixes": "web.cli.prefix_commands",
+    "prices": "web.cli.price_commands",
+    "usage": "web.cli.report_commands",
+    "billing": "web.cli.report_commands",
+    "audit": "web.cli.report_commands",
+    "tenants": "web.cli.tenant_commands",
+}
 
 
-def env_default(name: str, default: str | None = None) -> str | None:
-    """The default of a flag: its ``ATRIUM_*`` environment twin when set."""
-    value = os.environ.get(name)
-    return default if value is None or value == "" else value
-
-
-def env_flag(name: str) -> bool:
-    return (os.environ.get(name) or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for ``command`` (and the commands its module shares), or for every command."""
     parser = argparse.ArgumentParser(prog="atrium", description="Multi-tenant LLM serving")
     parser.add_argument(
         "--log-level",
@@ -36,19 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="structlog level (env ATRIUM_LOG_LEVEL)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    names = [f"web.{m.name}" for m in pkgutil.iter_modules(web.__path__)]
-    names += [f"web.cli.{m.name}" for m in pkgutil.iter_modules(__path__)]
-    for name in sorted(names, key=lambda n: n.rpartition(".")[2]):
-        if not name.rpartition(".")[2].startswith("cli_") and not name.endswith("_commands"):
-            continue
-        register = getattr(importlib.import_module(name), "register", None)
-        if callable(register):
-            register(subparsers)
+    modules = [COMMANDS[command]] if command in COMMANDS else list(COMMANDS.values())
+    for name in dict.fromkeys(modules):
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The first word that names a command picks it (only --log-level, whose values name no
+    # command, may come before it).
+    parser = build_parser(next((word for word in argv if word in COMMANDS), None))
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     func = getattr(args, "func", None)

@@ -19,7 +19,7 @@ from web.console.pages import (
     usage_page,
 )
 from web.console.signin import sign_in, sign_out
-from web.json_body import JsonRequest
+from web.openai.json_body import JsonRequest
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 

@@ -19,9 +19,9 @@ from web.admin.session import (
     current_session,
     is_https,
 )
-from web.auth_limiter import client_address, limiter_of
 from web.console.render import ROOT, render
-from web.errors import ApiError
+from web.ops.errors import ApiError
+from web.tenancy.auth_limiter import client_address, limiter_of
 
 FormData = URLEncodedBody[dict[str, str]]
 COOKIE_PATH = "/admin"

@@ -21,16 +21,17 @@ from litestar.handlers.base import BaseRouteHandler
 from engine.heap import frozen_startup
 from engine.stats import EngineSnapshot
 from web.engine_api import ops, routes
+from web.engine_api.local import load_runtime
 from web.engine_api.metrics import ModelServerCollector
 from web.engine_api.trusted import TrustedTenancy
 from web.engine_api.wire import check_token
-from web.errors import handle_exception
-from web.json_body import JsonRequest
-from web.metrics import GatewayMetrics
-from web.prefix_feed import start_following
-from web.service_generation import GenerationService, ModelRuntime
+from web.openai.generation import GenerationService, ModelRuntime
+from web.openai.json_body import JsonRequest
+from web.ops.errors import handle_exception
+from web.ops.metrics import GatewayMetrics
+from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
-from web.tracing import make_tracer_provider
+from web.tenancy.prefix_feed import start_following
 
 log = structlog.get_logger("atrium.engine_api")
 # Requests handed to the engine at once: admission here is only a hand-off (no database).
@@ -53,8 +54,6 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        from web.app import load_runtime
-
         close = None
         following: asyncio.Task[None] | None = None
         try:
@@ -105,16 +104,3 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
         request_class=JsonRequest,
         logging_config=None,
     )
-
-
-def app_for_role(settings: Settings) -> Litestar:
-    """The app `atrium serve` runs for ``settings.role``: all-in-one, engine or gateway."""
-    if settings.role == "engine":
-        return create_engine_app(settings)
-    if settings.role == "gateway":
-        from web.engine_api.gateway import create_gateway_app
-
-        return create_gateway_app(settings)
-    from web.app import create_app
-
-    return create_app(settings)

@@ -20,7 +20,8 @@ from litestar import Litestar
 
 from web.engine_api.client import HttpEngineClient
 from web.engine_api.fleet import Fleet
-from web.service_generation import ModelRuntime
+from web.engine_api.local import engine_numbers
+from web.openai.generation import ModelRuntime
 from web.settings import Settings
 
 log = structlog.get_logger("atrium.gateway")
@@ -80,7 +81,6 @@ async def follow_engine(runtime: ModelRuntime, client: HttpEngineClient) -> None
 def remote_runtime(settings: Settings) -> tuple[ModelRuntime, HttpEngineClient]:
     """The model as the gateway serves it: local tokenizer, engine over HTTP."""
     from engine.model.loader import load_tokenizer
-    from web.app import engine_numbers
 
     settings = settings.single_model()
     tokenizer, name = load_tokenizer(settings.model)
@@ -121,13 +121,8 @@ def remote_runtimes(settings: Settings) -> list[tuple[ModelRuntime, HttpEngineCl
     ]
 
 
-def create_gateway_app(settings: Settings) -> Litestar:
-    """The gateway app of all-in-one (``web.app.create_app``) around remote engines (one
-    router or engine per served model)."""
-    from web.app import create_app
-
-    remotes = remote_runtimes(settings)
-    app = create_app(settings, engine=[runtime for runtime, _ in remotes])
+def follow_engines(app: Litestar, remotes: list[tuple[ModelRuntime, HttpEngineClient]]) -> None:
+    """Start ``remotes``' clients with ``app`` and follow each engine's card; stop them with it."""
     tasks: list[asyncio.Task[None]] = []
 
     async def start() -> None:
@@ -160,4 +155,3 @@ def create_gateway_app(settings: Settings) -> Litestar:
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
-    return app

@@ -13,8 +13,8 @@ from typing import Any
 from litestar import Request, Response, get
 
 from engine.stats import EngineSnapshot
-from web.metrics import CONTENT_TYPE, GatewayMetrics
-from web.service_generation import GenerationService
+from web.openai.generation import GenerationService
+from web.ops.metrics import CONTENT_TYPE, GatewayMetrics
 
 
 def _service(request: Request[Any, Any, Any]) -> GenerationService | None:

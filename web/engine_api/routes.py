@@ -15,12 +15,11 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 
 from engine.outputs import RequestOutput
-from web import openai_schemas as schemas
-from web import sse
 from web.engine_api import wire
-from web.errors import ApiError, bad_request
-from web.service_generation import GenerationService, Job
-from web.tenancy import Principal
+from web.openai import schemas, sse
+from web.openai.generation import GenerationService, Job
+from web.ops.errors import ApiError, bad_request
+from web.tenancy.principal import Principal
 
 
 class EngineModelCard(msgspec.Struct):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tenants.errors import InvalidKeyError
-from web.tenancy import Principal, Ticket, UsageRecord
+from web.tenancy.principal import Principal, Ticket, UsageRecord
 
 
 @dataclass(slots=True)

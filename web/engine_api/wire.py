@@ -25,8 +25,8 @@ import msgspec
 
 from engine.sampling_params import SamplingParams
 from tenants.lora_adapters import MAX_NAME_CHARS, LoraAdapterInfo
-from web.errors import ApiError, bad_request
-from web.openai_schemas import ChatCompletionRequest, CompletionRequest
+from web.openai.schemas import ChatCompletionRequest, CompletionRequest
+from web.ops.errors import ApiError, bad_request
 
 MAX_CACHE_SALT_CHARS = 256
 MAX_TENANT_REQUESTS = 1_000_000

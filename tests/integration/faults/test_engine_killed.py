@@ -28,7 +28,7 @@ from tests.integration.gateway_fakes import settings
 from tests.integration.pg_gateway import ADMIN_TOKEN, create_tenant, read_books
 from tests.integration.test_admin_app import migrated_sqlite
 from web.app import create_app
-from web.service_generation import ModelRuntime
+from web.openai.generation import ModelRuntime
 
 pytestmark = pytest.mark.slow
 QUOTAS = Quotas(max_concurrent_requests=1, monthly_token_budget=100_000)

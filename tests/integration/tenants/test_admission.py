@@ -156,7 +156,7 @@ def test_a_burst_of_admissions_and_settlements_is_exact(open_domain) -> None:
 
 
 def test_an_admission_says_how_much_of_the_budget_is_left_after_it(open_domain) -> None:
-    """What degraded admission may spend while the database is away (web/degraded_admission)."""
+    """What degraded admission may spend while the database is away (web/tenancy/degraded.py)."""
 
     async def body() -> None:
         async with open_domain() as domain:

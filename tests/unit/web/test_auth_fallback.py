@@ -8,7 +8,7 @@ import pytest
 
 from tenants.errors import InvalidKeyError, TenantSuspendedError
 from tenants.schemas import AuthContext, Quotas
-from web.auth_fallback import KnownKeys
+from web.tenancy.auth_fallback import KnownKeys
 
 
 class Clock:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from web.auth_limiter import WINDOW_S, FailedAuthLimiter
-from web.errors import ApiError
+from web.ops.errors import ApiError
+from web.tenancy.auth_limiter import WINDOW_S, FailedAuthLimiter
 
 
 def test_an_address_over_its_limit_waits_for_its_oldest_failure_to_age_out() -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from web.cli import build_parser, main
+from web.cli import COMMANDS, build_parser, main
 
 
 def test_subcommands_are_discovered_and_env_twins_set_defaults(
@@ -23,6 +24,33 @@ def test_subcommands_are_discovered_and_env_twins_set_defaults(
     assert args.model == "default"
     export = build_parser().parse_args(["model", "export", "out"])
     assert export.dir == Path("out") and export.func.__name__ == "run_export"
+
+
+def test_the_command_list_names_every_registered_command() -> None:
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(subparsers.choices) == list(COMMANDS)
+
+
+def test_sql_commands_never_load_the_engine() -> None:
+    # `atrium tenants list` on a host without the model's libraries in memory: the command's run
+    # imports only its own module, never the engine (nor torch).
+    script = (
+        "import sys\n"
+        "from web.cli import main\n"
+        "for argv in (['tenants', 'list', '--help'], ['--log-level', 'debug', 'keys', '--help'],"
+        " ['usage', '--help'], ['db', '--help'], ['public-prefixes', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('torch', 'engine.async_engine') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "usage: atrium tenants list" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_bad_values_exit_2_with_the_reason_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import exc
 
-from web.db_monitor import DatabaseMonitor, DegradedMetrics
+from web.tenancy.db_monitor import DatabaseMonitor, DegradedMetrics
 
 FAST = {"sweep_interval_s": 0.01, "backoff_initial_s": 0.01, "backoff_max_s": 0.02}
 

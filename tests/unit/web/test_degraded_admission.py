@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry
 
 from tenants.errors import DuplicateRequestError, PromptTooLargeError, QuotaExceededError
 from tenants.schemas import AuthContext, Quotas
-from web.db_monitor import DegradedMetrics
-from web.degraded_admission import LocalAdmission
+from web.tenancy.db_monitor import DegradedMetrics
+from web.tenancy.degraded import LocalAdmission
 
 
 class Clock:

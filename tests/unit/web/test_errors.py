@@ -13,7 +13,7 @@ from tenants.errors import (
     QuotaExceededError,
     TenantSuspendedError,
 )
-from web.errors import ApiError, error_response, retry_headers, to_api_error
+from web.ops.errors import ApiError, error_response, retry_headers, to_api_error
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from web.app import admission_concurrency
-from web.fair_gate import FairGate
+from web.tenancy.fair_gate import FairGate
 
 
 async def _hold(gate: FairGate, tenant: str, order: list[str], release: asyncio.Event) -> None:

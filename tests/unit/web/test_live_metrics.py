@@ -20,7 +20,7 @@ from web.admin.live_metrics import (
     quantile,
     read,
 )
-from web.metrics import LATENCY_BUCKETS
+from web.ops.metrics import LATENCY_BUCKETS
 
 
 class Latencies:

@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from bench.common import quiet_logging
-from web.logging import configure_logging
+from web.ops.logging import configure_logging
 
 
 @pytest.mark.parametrize("configure", [configure_logging, quiet_logging])

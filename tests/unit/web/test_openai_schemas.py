@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidRequestError
-from web.errors import ApiError
-from web.openai_schemas import (
+from web.openai.schemas import (
     MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
@@ -15,6 +14,7 @@ from web.openai_schemas import (
     decode_body,
     sampling_params,
 )
+from web.ops.errors import ApiError
 
 
 def decode_chat(body: bytes) -> ChatCompletionRequest:

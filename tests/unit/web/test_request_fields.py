@@ -8,9 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from web.errors import ApiError
-from web.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
-from web.request_fields import (
+from web.openai.fields import (
     CHAT,
     COMPLETION,
     FIELDS,
@@ -20,6 +18,8 @@ from web.request_fields import (
     check_fields,
     decode_request,
 )
+from web.openai.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
+from web.ops.errors import ApiError
 
 STRUCTS: dict[str, type[msgspec.Struct]] = {
     CHAT: ChatCompletionRequest,

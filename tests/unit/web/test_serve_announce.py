@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from web.cli_serve import announce
+from web.cli.serve import announce
 from web.settings import Settings
 
 

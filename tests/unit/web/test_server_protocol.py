@@ -13,8 +13,8 @@ from typing import Any
 
 import uvicorn
 
-from web.cli_serve import server_config
-from web.server_protocol import guarded_protocol
+from web.cli.serve import server_config
+from web.ops.server_protocol import guarded_protocol
 from web.settings import Settings
 
 

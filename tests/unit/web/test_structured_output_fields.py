@@ -11,14 +11,14 @@ import pytest
 
 from engine.errors import InvalidRequestError
 from engine.structured.spec import GrammarSpec
-from web.errors import ApiError
-from web.structured_output import (
+from web.openai.structured_output import (
     JsonSchemaFormat,
     ResponseFormat,
     StructuredOutputs,
     checked_grammar,
     requested_grammar,
 )
+from web.ops.errors import ApiError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

@@ -9,9 +9,9 @@ import pytest
 
 from tenants.errors import InvalidKeyError, TenantSuspendedError
 from tenants.schemas import AuthContext, Quotas
-from web.auth_fallback import KnownKeys
-from web.errors import ApiError
-from web.tenancy_sql import SqlTenancy
+from web.ops.errors import ApiError
+from web.tenancy.auth_fallback import KnownKeys
+from web.tenancy.sql import SqlTenancy
 
 
 class Keys:

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from web.errors import ApiError
-from web.tool_calls import CallDelta, ToolCallParser, collect_calls, parse_all
-from web.tools import (
+from web.openai.tool_calls import CallDelta, ToolCallParser, collect_calls, parse_all
+from web.openai.tools import (
     FunctionDef,
     FunctionName,
     NamedToolChoice,
@@ -22,6 +21,7 @@ from web.tools import (
     plan_tools,
     template_takes_tools,
 )
+from web.ops.errors import ApiError
 
 WEATHER = ToolDef(
     type="function",

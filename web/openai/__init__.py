@@ -1,0 +1,1 @@
+"""The OpenAI-compatible face: routes, schemas, SSE, choices, tools, structured output, batch."""

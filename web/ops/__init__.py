@@ -1,0 +1,1 @@
+"""Operations: health, metrics, tracing, logging, the OpenAPI document and error mapping."""
