@@ -86,7 +86,7 @@ def running_server(tmp: Path) -> Iterator[tuple[Server, subprocess.Popen[bytes],
                     break
             except httpx.HTTPError:
                 pass
-            time.sleep(1)
+            time.sleep(0.2)
         else:
             pytest.fail("atrium serve did not become ready")
         yield srv, proc, log_path
