@@ -31,12 +31,13 @@ typecheck: $(STAMP)
 # (served models, started gateways, Chromium) are built once, as in a serial run. (loadgroup
 # would be finer but xdist 3.8's grouping is a no-op on pytest 9.2: pytest-xdist#1386.)
 PYTEST_WORKERS ?= 3
+XDIST := -n $(PYTEST_WORKERS) --dist loadscope
 
 test: lint typecheck
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope
+	$(PY) -m pytest $(XDIST)
 
 unit: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest $(XDIST) tests/unit
 
 VLLM_VENV := bench/.vllm-venv
 
