@@ -15,6 +15,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pydoc_data.topics import topics
 from typing import Any
 
 import httpx
@@ -52,8 +53,6 @@ class Conversation:
 def passages(min_words: int = 60, max_words: int = 400) -> list[str]:
     """The documentation's paragraphs joined into passages of ``min_words`` to ``max_words``
     words, in a fixed order (the same on every run and machine with the same Python)."""
-    from pydoc_data.topics import topics
-
     out: list[str] = []
     for name in sorted(topics):
         current: list[str] = []

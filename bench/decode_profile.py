@@ -26,9 +26,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging
 from bench.engine_runs import STEP_PARTS
+from engine.config import EngineConfig
+from engine.device import dtype_name, resolve_dtype
 from engine.llm_engine import LLMEngine
+from engine.model import llama, mlp
+from engine.model.loader import load_model
 from engine.outputs import GenerateRequest
 from engine.sampling_params import SamplingParams
+from radix_cache import RadixPrefixCache
 
 FORWARD_PARTS = ("projections", "lm_head", "attention", "attention_plan", "norm_rope", "activation")
 
@@ -92,8 +97,6 @@ class PartTimer:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        from engine.model import llama, mlp
-
         output_weight = self.engine.runner.model.output_weight
 
         def projection(x: torch.Tensor, weight: torch.Tensor, *_: Any, **__: Any) -> str:
@@ -262,10 +265,6 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logging()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from engine.config import EngineConfig
-    from engine.device import dtype_name, resolve_dtype
-    from engine.model.loader import load_model
-    from radix_cache import RadixPrefixCache
 
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     loaded = load_model(args.model, dtype=dtype)

@@ -25,6 +25,10 @@ from bench.engine_runs import (
 )
 from bench.plots import bar_compare
 from bench.profiling import profile_decode_steps
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model.export import export_hf
+from engine.model.loader import load_model
 
 TARGETS = {"decode_b32_ratio": 1.0, "prefill_ratio": 0.9, "sched_meta_share_b32": 0.10}
 
@@ -54,10 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logging()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.model.export import export_hf
-    from engine.model.loader import load_model
 
     loaded = load_model(args.model, dtype=torch.bfloat16)
     max_batch = max(args.batches)

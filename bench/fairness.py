@@ -21,12 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging
 from bench.fairness_runs import Load, flood_run, weighted_run
 from bench.loadgen import RequestSpec, Target, run_closed_loop
 from bench.plots import bar_compare
 from bench.servers import atrium_cli, atrium_env, export_model, start_atrium, stop, wait_ready
 from bench.text_workloads import word_vocab
+from engine.device import dtype_name, resolve_dtype
 
 WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
 LIGHT = ("light1", "light2", "light3")
@@ -175,10 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet_logging()
     if args.dtype == "auto":
-        import torch
-
-        from engine.device import dtype_name, resolve_dtype
-
         args.dtype = dtype_name(resolve_dtype("auto", torch.device("cpu")))
     args.model_dir = export_model(DEFAULT_OUT_DIR / f"smollm2-hf-{args.dtype}", args.dtype)
     load = Load(word_vocab(args.model_dir / "tokenizer.json"), args.prompt_len, args.output_len)

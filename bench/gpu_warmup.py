@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from bench.gpu_modules import PREFILL_KERNELS_ON_SM90, describe, module_specs
+from engine.attention.flashinfer_backend import FlashInferAttentionBackend
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 
 PAGE = 16
@@ -40,8 +41,6 @@ def compile_modules(prefill_kernel: str) -> list[dict[str, Any]]:
 
 def run_steps(prefill_kernel: str, device: torch.device) -> list[dict[str, Any]]:
     """Plan and run a mixed step and a decode-only step per head configuration, timed."""
-    from engine.attention.flashinfer_backend import FlashInferAttentionBackend
-
     steps = {
         "mixed": [SeqSlice([0, 1, 2], 20, 17), SeqSlice([3], 0, 9), SeqSlice([4, 5], 30, 1)],
         "decode": [SeqSlice([0, 1, 2], 40, 1), SeqSlice([4, 5], 30, 1)],

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import LlamaForCausalLM
 
 
 def load_reference(model_dir: Path, dtype: torch.dtype) -> Any:
     """transformers' LlamaForCausalLM from an exported Hugging Face directory, in eval mode."""
-    from transformers import LlamaForCausalLM
-
     model: Any = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     return model.eval()
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging, ratio
-from bench.loadgen import Target
+from bench.loadgen import RequestSpec, Target, run_closed_loop
 from bench.serve_plots import draw_plots
 from bench.serve_suite import SuiteConfig, run_suite
 from bench.servers import (
@@ -93,8 +93,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _warm_up(target: Target, tenant: str) -> None:
-    from bench.loadgen import RequestSpec, run_closed_loop
-
     asyncio.run(run_closed_loop(target, [RequestSpec(tenant, " hello world" * 8, 4)], 1, 300))
 
 

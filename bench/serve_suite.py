@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from bench.chat_workload import conversations, run_conversations
 from bench.loadgen import (
     Target,
@@ -69,8 +71,6 @@ def _p99_ttft(records: Sequence[RequestRecord]) -> float:
 
 
 async def run_suite(target: Target, config: SuiteConfig) -> dict[str, Any]:
-    from tokenizers import Tokenizer
-
     tokenizer = Tokenizer.from_file(str(config.tokenizer_json))
 
     def encode(text: str) -> list[int]:

@@ -14,6 +14,7 @@ from litestar.types import ControllerRouterHandler
 from opentelemetry.sdk.trace import SpanProcessor
 
 from engine.heap import frozen_startup
+from tenants.database import DEFAULT_POOL_SIZE
 from tenants.server_secrets import ensure_admin_token
 from web.engine_api import create_engine_app
 from web.engine_api.gateway import follow_engines, remote_runtimes
@@ -195,6 +196,4 @@ def app_for_role(settings: Settings) -> Litestar:
 def admission_concurrency(database_url: str) -> int:
     """Admissions let through to the database at once: SQLite runs one transaction at a time
     (a single connection), PostgreSQL one per pooled connection."""
-    from tenants.database import DEFAULT_POOL_SIZE
-
     return 1 if database_url.startswith("sqlite") else DEFAULT_POOL_SIZE

@@ -8,10 +8,15 @@ import sys
 import uuid
 from typing import Any
 
+import torch
+
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.device import dtype_name, resolve_dtype
 from engine.errors import EngineError
+from engine.llm_engine import LLMEngine
 from engine.load_progress import progress_for
+from engine.model.loader import load_model
 from engine.outputs import GenerateRequest
 from engine.sampling_params import SamplingParams
 from web.cli.env import EXIT_USAGE, env_default, env_flag
@@ -69,12 +74,6 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 async def _generate(args: argparse.Namespace) -> str:
-    import torch
-
-    from engine.device import dtype_name, resolve_dtype
-    from engine.llm_engine import LLMEngine
-    from engine.model.loader import load_model
-
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )

@@ -7,6 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from engine.model.export import export_hf
+from engine.model.loader import load_model
 from web.cli.env import EXIT_USAGE, env_default
 
 
@@ -27,11 +31,6 @@ def register(subparsers: Any) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    import torch
-
-    from engine.model.export import export_hf
-    from engine.model.loader import load_model
-
     try:
         loaded = load_model(args.model, dtype=getattr(torch, args.dtype))
         export_hf(loaded, args.dir)

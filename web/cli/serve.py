@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 import uvicorn
 from litestar import Litestar
+from rich.console import Console
 
 from tenants.database import Database
 from web.app import app_for_role
@@ -81,8 +82,6 @@ def announce(settings: Settings | None, port: int) -> None:
     api_url = f"{base}/v1"
     console_url = None if role == "engine" else f"{base}/admin/"
     if sys.stderr.isatty():
-        from rich.console import Console
-
         where = f"Atrium is ready: send requests to [bold]{api_url}[/]"
         if console_url is not None:
             where += f", the console is at [bold]{console_url}[/]"

@@ -18,6 +18,7 @@ import msgspec
 import structlog
 from litestar import Litestar
 
+from engine.model.loader import load_tokenizer
 from web.engine_api.client import HttpEngineClient
 from web.engine_api.fleet import Fleet
 from web.engine_api.local import engine_numbers
@@ -80,8 +81,6 @@ async def follow_engine(runtime: ModelRuntime, client: HttpEngineClient) -> None
 
 def remote_runtime(settings: Settings) -> tuple[ModelRuntime, HttpEngineClient]:
     """The model as the gateway serves it: local tokenizer, engine over HTTP."""
-    from engine.model.loader import load_tokenizer
-
     settings = settings.single_model()
     tokenizer, name = load_tokenizer(settings.model)
     name = settings.served_model_name or name

@@ -9,8 +9,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
+import torch
 
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.kv_budget import default_memory_fraction
+from engine.llm_engine import LLMEngine
+from engine.model.loader import load_model, load_tokenizer
+from engine.process_engine import EngineSpec, ProcessEngine
+from engine.stats import EngineSnapshot
+from radix_cache import RadixPrefixCache
+from web.engine_api.fleet import merge_snapshots
 from web.openai.generation import ModelRuntime
+from web.ops.logging import configure_logging
 from web.settings import Settings
 
 Closer = Callable[[], Awaitable[None]]
@@ -22,10 +33,6 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
     By default the engine runs in a child process (its kernels then never wait for this
     process's GIL); ``engine_process=False`` keeps it on a thread of the gateway.
     """
-    import torch
-
-    from engine.config import EngineConfig
-
     settings = settings.single_model()
     device = settings.resolved_device
     config = EngineConfig(
@@ -43,10 +50,6 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         device=device,
     )
     if settings.engine_process:
-        from engine.model.loader import load_tokenizer
-        from engine.process_engine import EngineSpec, ProcessEngine
-        from web.ops.logging import configure_logging
-
         tokenizer, _ = await asyncio.to_thread(load_tokenizer, settings.model)
         spec = EngineSpec(
             model=settings.model,
@@ -60,11 +63,6 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         engine: Any = process_engine
         name, max_model_len = process_engine.model_name, process_engine.max_model_len
     else:
-        from engine.async_engine import AsyncEngine
-        from engine.llm_engine import LLMEngine
-        from engine.model.loader import load_model
-        from radix_cache import RadixPrefixCache
-
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
         loaded = await asyncio.to_thread(
@@ -109,9 +107,6 @@ class EngineGroup:
 
     def stats(self) -> Any:
         """The engines' snapshots summed (pages, queues, counters, per-tenant numbers)."""
-        from engine.stats import EngineSnapshot
-        from web.engine_api.fleet import merge_snapshots
-
         snapshots = [engine.stats() for engine in self.engines]
         if all(isinstance(snapshot, EngineSnapshot) for snapshot in snapshots):
             return merge_snapshots(snapshots)
@@ -129,7 +124,6 @@ async def load_runtimes(settings: Settings) -> tuple[list[ModelRuntime], Any, Cl
     if len(specs) == 1:
         runtime, engine, close = await load_runtime(settings)
         return [runtime], engine, close
-    from engine.kv_budget import default_memory_fraction
 
     fraction = settings.kv_cache_memory_fraction
     if fraction is None:

@@ -13,7 +13,10 @@ import asyncio
 from typing import Any
 
 import msgspec
+import xgrammar
 
+from engine.structured.closing import completion
+from engine.structured.compiler import GrammarCompiler
 from engine.structured.spec import GrammarSpec
 from web.ops.errors import bad_request
 
@@ -128,8 +131,6 @@ class GrammarLimits:
     start, tokenized), so that a ``max_tokens`` too small for any valid answer is a 400."""
 
     def __init__(self, tokenizer: Any) -> None:
-        from engine.structured.compiler import GrammarCompiler
-
         hf = tokenizer.hf
         stop_ids = tuple(getattr(tokenizer, "eos_token_ids", ()))
         self._compiler = GrammarCompiler(hf, len(hf), stop_ids)
@@ -138,10 +139,6 @@ class GrammarLimits:
     def shortest(self, spec: GrammarSpec) -> int | None:
         """Blocking (compiles on first use); None when no completion is found."""
         if spec not in self._shortest:
-            import xgrammar
-
-            from engine.structured.closing import completion
-
             matcher = xgrammar.GrammarMatcher(self._compiler.compile(spec).result())
             table = self._compiler.table
             text = None if table is None else completion(matcher, table)

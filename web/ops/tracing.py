@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -20,8 +21,6 @@ def make_tracer_provider(
     """A provider for this app (the global one stays untouched, so tests do not interfere)."""
     provider = TracerProvider(resource=Resource.create({"service.name": "atrium-gateway"}))
     if otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
         endpoint = otlp_endpoint.rstrip("/")
         if not endpoint.endswith("/v1/traces"):
             endpoint += "/v1/traces"

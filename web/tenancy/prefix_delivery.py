@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 
+from engine.async_engine import AsyncEngine, EngineClient
 from engine.errors import EngineDeadError
+from engine.process_engine import ProcessEngine
 from engine.public_prefix_sync import HeldPrefix, PrefixEntry, PublicPrefixSync
 from tenants.domain import TenantDomain
 from tenants.public_prefixes import PublicPrefixService
 from web.ops.errors import ApiError
-
-if TYPE_CHECKING:  # torch loads with the engine, not with the gateway's modules
-    from engine.async_engine import EngineClient
 
 log = structlog.get_logger("atrium.prefix_delivery")
 STATE_KEY = "prefix_delivery"
@@ -117,9 +116,6 @@ class PrefixDelivery:
 
 def local_engine(engine: object) -> EngineClient | None:
     """``engine`` when it runs in this gateway's process tree, None when it is remote (HTTP)."""
-    from engine.async_engine import AsyncEngine
-    from engine.process_engine import ProcessEngine
-
     return engine if isinstance(engine, AsyncEngine | ProcessEngine) else None
 
 

@@ -25,6 +25,7 @@ from engine.public_prefix_sync import PrefixEntry, PublicPrefixSync
 from tenants.domain import TenantDomain
 from web.ops.errors import ApiError
 from web.tenancy.auth_limiter import client_address, limiter_of
+from web.tenancy.prefix_delivery import local_engine
 
 if TYPE_CHECKING:
     from engine.async_engine import EngineClient
@@ -133,8 +134,6 @@ def start_following(
     """For the engine role: follow ``gateway_url``'s published prefixes in a background task
     (cancel it to stop), or None when no gateway is named or the engine is not in this process
     tree. Call it from the running event loop, once the engine has started."""
-    from web.tenancy.prefix_delivery import local_engine
-
     client = local_engine(engine)
     if not gateway_url or not engine_token or client is None:
         return None
