@@ -26,11 +26,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Tests wait on subprocesses, sockets and the database as much as they compute: more workers
+# than cores pay. A module's tests stay on one worker (loadscope), so its module-scoped fixtures
+# (served models, started gateways, Chromium) are built once, as in a serial run. (loadgroup
+# would be finer but xdist 3.8's grouping is a no-op on pytest 9.2: pytest-xdist#1386.) Modules
+# go out in collection order, so the long browser and e2e ones start first, not last.
+PYTEST_WORKERS ?= 3
+XDIST := -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
 test: lint typecheck
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 unit: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest $(XDIST) tests/unit
 
 VLLM_VENV := bench/.vllm-venv
 

@@ -61,8 +61,10 @@ CHAT_PROMPTS = [
 
 
 @pytest.mark.slow
-def test_smollm2_chat_matches_transformers(tmp_path_factory: pytest.TempPathFactory) -> None:
-    loaded = load_model("default", dtype=torch.float32)
+def test_smollm2_chat_matches_transformers(
+    default_model_fp32: LoadedModel, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    loaded = default_model_fp32
     export_dir = tmp_path_factory.mktemp("smollm2")
     export_hf(loaded, export_dir)
     hf = LlamaForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()  # type: ignore[no-untyped-call]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -64,12 +65,17 @@ class Server:
 @contextmanager
 def running_server(tmp: Path) -> Iterator[tuple[Server, subprocess.Popen[bytes], Path]]:
     """`atrium serve` on a free port with a fresh SQLite file, once ``/readyz`` answers 200;
-    killed on the way out if the test left it running."""
+    on the way out its process group (the gateway and its engine process) is killed, so a test
+    that failed mid-start leaves no model loading beside the tests after it."""
     srv = Server(tmp)
     log_path = tmp / "serve.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [*ATRIUM, "serve", "--port", str(srv.port)], env=srv.env, stdout=log, stderr=log
+            [*ATRIUM, "serve", "--port", str(srv.port)],
+            env=srv.env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 300
@@ -80,11 +86,11 @@ def running_server(tmp: Path) -> Iterator[tuple[Server, subprocess.Popen[bytes],
                     break
             except httpx.HTTPError:
                 pass
-            time.sleep(1)
+            time.sleep(0.2)
         else:
             pytest.fail("atrium serve did not become ready")
         yield srv, proc, log_path
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)

@@ -14,7 +14,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.model import llama as llama_module
 from engine.model import packed_linear
 from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
-from engine.model.loader import load_model
+from engine.model.loader import LoadedModel, load_model
 from engine.model.packed_linear import (
     CODE_BLOCK,
     SMALL_GEMM_SOURCE,
@@ -529,10 +529,12 @@ def test_small_float32_steps_run_on_codes_and_large_ones_on_onednn(num_tokens: i
 
 @uses_codes
 @needs_f32_packing
-def test_the_default_model_keeps_its_projections_as_codes_in_float32() -> None:
+def test_the_default_model_keeps_its_projections_as_codes_in_float32(
+    default_model_fp32: LoadedModel,
+) -> None:
     """SmolLM2's GGUF is Q4_1 (and Q8_0 for the embedding): every projection and the tied LM
     head decode exactly, so all take the codes at decode batch sizes."""
-    model = load_model("default", dtype=torch.float32).model
+    model = default_model_fp32.model
     assert model.output_packed is not None and model.output_packed.codes is not None
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,6 +14,13 @@ from tenants.errors import SpoolInUseError
 from tenants.meter import UsageMeter
 from tenants.records import UsageEvent
 from tenants.spool import Spool
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.01)
 
 
 def _event(n: int) -> UsageEvent:
@@ -85,7 +92,7 @@ def test_a_failing_spool_holds_events_and_the_meter_recovers_with_the_disk(
         assert meter.held == 3 and not meter.healthy
 
         full_disk[0] = False  # the disk has room again; the database is still down
-        await asyncio.sleep(0.3)
+        await _until(lambda: meter.healthy and meter.held == 0 and meter.spooled)  # a retry spools
         assert meter.healthy and meter.held == 0 and meter.spooled
         assert store.rows == {}
 
