@@ -26,11 +26,11 @@ class EngineConfig:
     Steps with more than ``speculative_max_batch`` decodes run no drafts (None: no limit): where a
     step is bound by its multiply-adds a draft row costs about what a decode's own does, which
     pays only when most drafts are right. ``target_tpot_ms`` bounds a step's time, so each
-    running request's time per output token (``engine/scheduler/budget.py``), unless a prompt's
-    first-token deadline (``target_ttft_ms`` after its arrival, unless its tenant sets one) is
-    due; "auto" derives it from costs measured at start; None sets no bound. ``max_loras`` is
-    how many LoRA adapters stay resident at once (0: adapters off, no memory set aside), each
-    of rank at most ``max_lora_rank`` (``engine/lora/``).
+    running request's time per output token (``engine/step_target.py``): new requests are
+    admitted and prefill chunks sized only while steps stay within it; "auto" derives it from
+    costs measured at start; None sets no bound. ``max_loras`` is how many LoRA adapters stay
+    resident at once (0: adapters off, no memory set aside), each of rank at most
+    ``max_lora_rank`` (``engine/lora/``).
     """
 
     page_size: int = 16
@@ -45,7 +45,6 @@ class EngineConfig:
     speculative_ngram: int = 3
     speculative_max_batch: int | None = None
     target_tpot_ms: float | Literal["auto"] | None = None
-    target_ttft_ms: float = 2000.0
     dtype: str = "bfloat16"
     device: str = "cpu"
     max_loras: int = 0
@@ -79,8 +78,6 @@ class EngineConfig:
         target = self.target_tpot_ms
         if target is not None and target != "auto" and not 0 < target < float("inf"):
             raise ValueError('target_tpot_ms must be a positive number of milliseconds or "auto"')
-        if not 0 < self.target_ttft_ms < float("inf"):
-            raise ValueError("target_ttft_ms must be a positive number of milliseconds")
         if not 0 <= self.max_loras <= 256:
             raise ValueError("max_loras must be between 0 and 256")
         if not 1 <= self.max_lora_rank <= 512:

@@ -1,15 +1,19 @@
-"""Weighted virtual token counters (VTC) with first-token deadlines: who is admitted next.
+"""Weighted virtual token counters (VTC): admit from the backlogged tenant served least so far.
 
-Each tenant's counter grows by ``(w_in·uncached + w_cached·cached + w_out·output) / weight`` as
-its work runs. The next admission comes from the backlogged tenant with the smallest counter; a
-tenant returning from idle is lifted to the smallest counter among the active tenants (or, when
-none are, to the largest any tenant reached), so idleness is not banked, and it wins the tie once.
-Aging: a tenant whose earliest waiting request is at risk (its first-token deadline is nearer
-than the time its prompt needs at the current rates, and not yet past) goes ahead of the tenants
-with nothing at risk; among tenants at risk the counters decide. A request past its deadline
-falls back to the counters alone: it can no longer be saved by jumping the line, and letting it
-jump would hand a flood's stale backlog the turns of the tenants within their share. Inside a
-tenant, a request at risk or late goes first (earliest deadline), else the longest cached prefix.
+Each tenant's counter grows by ``(w_in·uncached + w_cached·cached + w_out·output) / weight`` as its
+work runs. The next admission comes from the backlogged tenant with the smallest counter; a tenant
+returning from idle is lifted to the smallest counter among the tenants that are backlogged or
+running (or, when none are, to the largest counter any tenant has reached: an idle engine banks
+nobody's credit). Tenants within ``LEVEL_BAND`` of the least-served active one count as level;
+among level tenants the one with several times fewer requests waiting or running goes first
+(``_request_class``; the caller's count of the tenant's requests, when larger, stands for requests
+still on their way), so a tenant's short burst is not split evenly with a flood that arrives
+beside it (nor goes behind a flood back from idle); then a tenant back from idle, until it is
+next served; and the counter orders the rest. Beyond the band the counter alone decides,
+whatever the tenants' requests cost: a tenant of long prompts and one of long answers each get
+their weight's share of the work, not of the slots. Tenants served ahead of the least-served one
+take at most their weighted share of a step's prefill budget (``prefill_caps``). Inside a tenant,
+the request with the longest cached prefix goes first (measured once, on arrival).
 """
 
 from __future__ import annotations
@@ -21,13 +25,37 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from engine.policy import AdmissionPolicy
-from engine.request import Request, RequestStatus
+from engine.request import Request
 
+# A capped tenant's share of a step's prefill budget is never below 1/MIN_SHARE_DIVISOR of it.
+MIN_SHARE_DIVISOR = 8
 # A running request is preempted to free a slot for a tenant that already runs some only when
 # its tenant's counter is this far ahead (about 500 output tokens of weight-1 service): counters
 # of tenants served fairly stay within a request's cost of each other, and preempting at smaller
 # leads trades work (the victim's unfinished page is computed again) for no fairness.
 PREEMPT_LEAD = 1024.0
+# Tenants whose counters are within this of the least-served active tenant's are level (about a
+# light tenant's burst of two short requests at weight 1): among them the one with the fewest
+# requests in the engine goes first, so a flood arriving with a few others' prompts does not share
+# the prefill with them evenly; within a step-time target, the decodes of a tenant beyond it sit
+# out a step for a level tenant's prompt. Bounded: a tenant is never served ahead of one more
+# than this below it.
+LEVEL_BAND = 256.0
+# Within a step-time target, a tenant this far ahead of one whose prompt waits (a flood, not a
+# tenant served fairly: counters of those stay within about a request's cost of each other) sits
+# out that prompt's step with all its work, so the step holds only the prompt and the work of
+# tenants near it: the first token of a light tenant then costs a short step, not one the flood
+# fills to the target. Bounded: the tenant sitting out is not served, the others are, and it is
+# back once they come within this of it.
+YIELD_LEAD = 1024.0
+
+
+def _request_class(num_requests: int) -> float:
+    """Requests in the engine on a scale of threes (0: none or 1, 1: 2-7, 2: 8-25, 3: 26-79,
+    ...): level tenants in a lower class go first, and within one class the counter decides, so
+    tenants keeping similar numbers of requests in flight are served by their weights while a
+    burst of two beside a flood of twenty still goes first."""
+    return float(math.floor(math.log(num_requests + 1, 3) + 1e-9))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,44 +69,87 @@ class FairShareCosts:
 class _Tenant:
     counter: float = 0.0
     weight: float = 1.0
-    # (priority, seq, request): priority is -cached prefix length; preempted ones go first.
-    by_prefix: list[tuple[float, int, Request]] = field(default_factory=list)
-    by_deadline: list[tuple[float, int, Request]] = field(default_factory=list)
-    live: dict[int, Request] = field(default_factory=dict)  # seq -> request still waiting
-    cached: dict[int, int] = field(default_factory=dict)  # seq -> cached prefix on arrival
-    returning: bool = False  # back from idle and not served since: wins ties once
-
-    def head(self, heap: list[tuple[float, int, Request]]) -> tuple[float, int, Request] | None:
-        while heap and heap[0][1] not in self.live:
-            heapq.heappop(heap)
-        return heap[0] if heap else None
+    # (priority, sequence, request): priority is -cached prefix length; preempted ones go first.
+    heap: list[tuple[float, int, Request]] = field(default_factory=list)
+    num_waiting: int = 0
+    # The caller's count of this tenant's requests, as the latest one to wait said (0: none).
+    caller_requests: int = 0
+    # Back from idle and not served since: wins ties with tenants at the same counter.
+    returning: bool = False
 
 
 class FairSharePolicy(AdmissionPolicy):
-    """Weighted VTC across tenants with deadline aging; O(tenants) per pick, O(log n) per
-    request, whatever the queue length."""
+    """Weighted VTC across tenants, longest cached prefix first within a tenant.
+
+    ``prefix_len`` (optional) returns the cached-prefix length of a request's prompt in its own
+    namespace; it is called once per request on arrival, so admission costs O(log n) per request
+    and O(tenants) per pick, whatever the queue length.
+    """
 
     def __init__(
         self,
         costs: FairShareCosts | None = None,
         prefix_len: Callable[[Request], int] | None = None,
         preempt_lead: float = PREEMPT_LEAD,
+        level_band: float = LEVEL_BAND,
+        decode_lead: float | None = LEVEL_BAND,
+        yield_lead: float | None = YIELD_LEAD,
     ) -> None:
         self.costs = costs or FairShareCosts()
+        self._yield_lead = yield_lead
         self.preempt_lead = preempt_lead
+        self.level_band = level_band
+        self._decode_lead = decode_lead
         self._prefix_len = prefix_len
         self._tenants: dict[str, _Tenant] = {}
         self._backlogged: set[str] = set()
+        self._removed: set[int] = set()  # id() of requests removed while still in a heap
         self._seq = itertools.count()
-        self._where: dict[int, tuple[str, int]] = {}  # id(request) -> (tenant id, seq)
+        self._num_waiting = 0
         self._slots: Mapping[str, int] = {}  # running requests per tenant (the scheduler's)
         self._max_counter = 0.0  # the largest counter reached: the floor of an idle engine
+        self._floor = 0.0  # the least-served active tenant's counter as the step began
 
     # -- counters -----------------------------------------------------------------------------
 
     def counter(self, tenant_id: str) -> float:
         tenant = self._tenants.get(tenant_id)
         return tenant.counter if tenant else 0.0
+
+    def begin_step(self) -> None:
+        """Take the least-served active tenant's counter: the floor of this step's level band.
+        O(tenants)."""
+        self._floor = self._idle_floor()
+
+    def service_key(self, request: Request) -> tuple[float, ...]:
+        """The tenant's place in line: prefill budget goes first to the least-served tenant's
+        work (its counter, or the band's floor while within ``level_band`` of it), then to the
+        tenant with the fewest requests in the engine, then to a tenant back from idle."""
+        tenant = self._tenant(request)
+        return self._key(request.tenant_id, tenant)
+
+    def _key(self, tenant_id: str, tenant: _Tenant) -> tuple[float, float, float, float]:
+        counter = tenant.counter
+        banded = min(counter, self._floor) if counter < self._floor + self.level_band else counter
+        return (
+            banded,
+            _request_class(
+                max(tenant.num_waiting + self._slots.get(tenant_id, 0), tenant.caller_requests)
+            ),
+            float(not tenant.returning),
+            counter,
+        )
+
+    @property
+    def decode_lead(self) -> float | None:
+        return self._decode_lead
+
+    @property
+    def yield_lead(self) -> float | None:
+        return self._yield_lead
+
+    def service(self, tenant_id: str) -> float:
+        return self.counter(tenant_id)
 
     def charge(self, request: Request, num_uncached: int, num_cached: int, num_output: int) -> None:
         tenant = self._tenant(request)
@@ -90,14 +161,6 @@ class FairSharePolicy(AdmissionPolicy):
         tenant.counter += cost / tenant.weight
         tenant.returning = False
         self._max_counter = max(self._max_counter, tenant.counter)
-
-    def service_key(self, request: Request) -> tuple[float, ...]:
-        """Prefill chunks go least-served tenant first (a tenant back from idle first among
-        equals), then in admission order (a waiting request after its tenant's running ones)."""
-        tenant = self._tenant(request)
-        running = request.status is RequestStatus.RUNNING
-        order = float(request.admitted_index) if running else float("inf")
-        return (tenant.counter, float(not tenant.returning), order)
 
     def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
         self._prefix_len = prefix_len
@@ -113,130 +176,147 @@ class FairSharePolicy(AdmissionPolicy):
             tenant.weight = request.tenant_weight
         return tenant
 
+    def _active(self) -> set[str]:
+        """Tenants with requests waiting or running."""
+        return self._backlogged | {t for t, n in self._slots.items() if n > 0}
+
     def _idle_floor(self) -> float:
         """The counter a tenant back from idle starts at: the smallest of the active tenants'
-        (no credit for its idle time over them), else the largest reached by anyone."""
-        active = self._backlogged | {t for t, n in self._slots.items() if n > 0}
-        counters = [self._tenants[t].counter for t in active if t in self._tenants]
+        (it gets no credit for its idle time over them), else the largest reached by anyone (an
+        engine that went idle owes nobody anything). O(tenants)."""
+        counters = [self._tenants[t].counter for t in self._active() if t in self._tenants]
         return min(counters) if counters else self._max_counter
-
-    # -- deadlines ----------------------------------------------------------------------------
-
-    def _due(self, tenant: _Tenant) -> Request | None:
-        """The tenant's earliest-deadline request if it is due: its deadline nearer than the
-        time its prompt needs now (late ones included)."""
-        entry = tenant.head(tenant.by_deadline)
-        if entry is None or math.isinf(entry[0]):
-            return None
-        request = entry[2]
-        return request if self.is_due(request) else None
-
-    def _uncached_tokens(self, request: Request) -> int:
-        where = self._where.get(id(request))
-        cached = self._tenants[where[0]].cached[where[1]] if where else 0
-        return max(1, request.num_tokens - cached)
-
-    def _key(self, tenant_id: str, tenant: _Tenant) -> tuple[bool, float, bool, int]:
-        due = self._due(tenant)
-        at_risk = due is not None and due.deadline_s >= self._now
-        head = self._head(tenant, due)
-        return (not at_risk, tenant.counter, not tenant.returning, head[1])
-
-    def _head(self, tenant: _Tenant, due: Request | None) -> tuple[float, int, Request]:
-        heap = tenant.by_deadline if due is not None else tenant.by_prefix
-        entry = tenant.head(heap)
-        assert entry is not None  # a backlogged tenant has a live request
-        return entry
 
     # -- queue --------------------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
         cached = self._prefix_len(request) if self._prefix_len else 0
-        self._push(request, -float(cached), cached)
+        self._push(request, -float(cached))
+        # New work only: a preempted or deferred request's count is out of date.
+        self._tenants[request.tenant_id].caller_requests = request.tenant_requests
 
     def requeue_front(self, request: Request) -> None:
-        self._push(request, float("-inf"), 0)  # preempted work resumes before its tenant's new
+        # Preempted work resumes before anything new of its tenant.
+        self._push(request, float("-inf"))
 
     def defer(self, request: Request) -> None:
+        # It never stopped waiting: its tenant stays backlogged (no lift as if back from idle).
         self._tenant(request)
-        self._backlogged.add(request.tenant_id)  # it never stopped waiting: no idle lift
-        self._push(request, float("-inf"), 0)
+        self._backlogged.add(request.tenant_id)
+        self._push(request, float("-inf"))
 
-    def _push(self, request: Request, priority: float, cached: int) -> None:
+    def _push(self, request: Request, priority: float) -> None:
         tenant = self._tenant(request)
         tenant_id = request.tenant_id
         if tenant_id not in self._backlogged and not self._slots.get(tenant_id):
             floor = self._idle_floor()
             if tenant.counter < floor:
-                tenant.counter = floor
-                tenant.returning = True
+                tenant.counter = floor  # no credit for time spent idle
+                tenant.returning = True  # but first in line among equals
         self._backlogged.add(tenant_id)
-        seq = next(self._seq)
-        tenant.live[seq] = request
-        tenant.cached[seq] = cached
-        self._where[id(request)] = (tenant_id, seq)
-        heapq.heappush(tenant.by_prefix, (priority, seq, request))
-        heapq.heappush(tenant.by_deadline, (request.deadline_s, seq, request))
+        if id(request) in self._removed:
+            # A stale entry of this very request is still in the heap: drop it for good.
+            tenant.heap = [entry for entry in tenant.heap if entry[2] is not request]
+            heapq.heapify(tenant.heap)
+            self._removed.discard(id(request))
+        heapq.heappush(tenant.heap, (priority, next(self._seq), request))
+        tenant.num_waiting += 1
+        self._num_waiting += 1
 
-    def _next_tenant(self, skip: Collection[str]) -> tuple[_Tenant, Request] | None:
-        best: tuple[tuple[bool, float, bool, int], _Tenant] | None = None
+    def _next_tenant(self, skip: Collection[str] = ()) -> _Tenant | None:
+        best: _Tenant | None = None
+        best_key: tuple[tuple[float, float, float, float], int] | None = None
         for tenant_id in self._backlogged:
             if tenant_id in skip:
                 continue
             tenant = self._tenants[tenant_id]
-            key = self._key(tenant_id, tenant)
-            if best is None or key < best[0]:
-                best = (key, tenant)
-        if best is None:
+            self._drop_removed(tenant)
+            # Among level tenants, one with several times fewer requests in the engine goes
+            # first: a round of turns serves the small queues before the flood's.
+            key = (self._key(tenant_id, tenant), tenant.heap[0][1])
+            if best_key is None or key < best_key:
+                best, best_key = tenant, key
+        return best
+
+    def prefill_caps(self, budget: int) -> dict[str, int] | None:
+        """Caps for the tenants served more than the least-served active one: each may run its
+        weighted share of the step's prefill budget (at least ``budget // MIN_SHARE_DIVISOR``),
+        and what it leaves is not handed to another such tenant. Steps stay short while a
+        tenant runs ahead of others, so the next prompt of a tenant behind it waits for one short
+        step, not for a whole budget of the leader's chunks; the least-served tenants, whose
+        work goes first anyway, are not capped. None while fewer than two tenants are active.
+        O(tenants)."""
+        active = [t for t in self._active() if t in self._tenants]
+        if len(active) < 2:
             return None
-        tenant = best[1]
-        return tenant, self._head(tenant, self._due(tenant))[2]
+        tenants = [self._tenants[t] for t in active]
+        lowest = min(tenant.counter for tenant in tenants)
+        total_weight = sum(tenant.weight for tenant in tenants)
+        floor = max(1, budget // MIN_SHARE_DIVISOR)
+        return {
+            tenant_id: max(floor, int(budget * tenant.weight / total_weight))
+            for tenant_id, tenant in zip(active, tenants, strict=True)
+            if tenant.counter > lowest
+        }
+
+    def _drop_removed(self, tenant: _Tenant) -> None:
+        while tenant.heap and id(tenant.heap[0][2]) in self._removed:
+            _, _, request = heapq.heappop(tenant.heap)
+            self._removed.discard(id(request))
 
     def peek(self, skip: Collection[str] = ()) -> Request | None:
-        found = self._next_tenant(skip)
-        return found[1] if found else None
+        tenant = self._next_tenant(skip)
+        return tenant.heap[0][2] if tenant else None
 
     def pop(self, skip: Collection[str] = ()) -> Request:
-        found = self._next_tenant(skip)
-        if found is None:
+        tenant = self._next_tenant(skip)
+        if tenant is None:
             raise IndexError("no waiting request")
-        self.remove(found[1])
-        return found[1]
+        _, _, request = heapq.heappop(tenant.heap)
+        self._after_leave(request, tenant)
+        return request
 
     def remove(self, request: Request) -> bool:
-        where = self._where.pop(id(request), None)
-        if where is None:
+        tenant = self._tenants.get(request.tenant_id)
+        if tenant is None or id(request) in self._removed:
             return False
-        tenant_id, seq = where
-        tenant = self._tenants[tenant_id]
-        del tenant.live[seq]
-        del tenant.cached[seq]
-        if not tenant.live:
-            self._backlogged.discard(tenant_id)
-            tenant.by_prefix.clear()
-            tenant.by_deadline.clear()
+        if not any(entry[2] is request for entry in tenant.heap):
+            return False
+        self._removed.add(id(request))
+        self._after_leave(request, tenant)
         return True
 
+    def _after_leave(self, request: Request, tenant: _Tenant) -> None:
+        tenant.num_waiting -= 1
+        self._num_waiting -= 1
+        if tenant.num_waiting == 0:
+            tenant.caller_requests = 0
+            self._backlogged.discard(request.tenant_id)
+            for _, _, stale in tenant.heap:
+                self._removed.discard(id(stale))
+            tenant.heap.clear()
+
     def __len__(self) -> int:
-        return len(self._where)
+        return self._num_waiting
 
     def waiting(self) -> list[Request]:
-        entries = [
-            (seq, request)
-            for tenant_id in self._backlogged
-            for seq, request in self._tenants[tenant_id].live.items()
-        ]
-        return [request for _, request in sorted(entries, key=lambda item: item[0])]
+        out: list[tuple[int, Request]] = []
+        for tenant_id in self._backlogged:
+            for _, seq, request in self._tenants[tenant_id].heap:
+                if id(request) not in self._removed:
+                    out.append((seq, request))
+        return [request for _, request in sorted(out, key=lambda item: item[0])]
 
     def num_waiting_by_tenant(self) -> dict[str, int]:
-        return {t: len(self._tenants[t].live) for t in self._backlogged}
+        return {t: self._tenants[t].num_waiting for t in self._backlogged}
 
     def pick_victim(
         self, candidates: list[Request], beneficiary: Request | None = None
     ) -> Request | None:
         """Preempt from the tenant with the largest counter, its most recent admission first.
         For a ``beneficiary`` only from a tenant served at least as much as its own; unless
-        the beneficiary's tenant runs nothing at all, at least ``preempt_lead`` more."""
+        the beneficiary's tenant runs nothing at all (then it is not kept waiting behind long
+        generations), at least ``preempt_lead`` more."""
         if beneficiary is not None:
             floor = self.counter(beneficiary.tenant_id)
             if self._slots.get(beneficiary.tenant_id, 0) > 0:

@@ -33,10 +33,10 @@ from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from engine.scheduler.budget import StepBudget
 from engine.speculative import NgramDrafter
 from engine.stats import EngineSnapshot, EngineStats, StepTimer
 from engine.step_calibration import measure_step_costs
+from engine.step_target import StepTarget
 from radix_cache.errors import IsolationError
 from radix_cache.page_pool import PagePool
 from radix_cache.prefix_cache import (
@@ -132,7 +132,7 @@ class LLMEngine:
             )
             self.runner.lora = self.lora
             self.scheduler.lora_slots = self.lora.slots
-        self.scheduler.budget = self._step_budget(config)
+        self.scheduler.target = self._step_target(config)
         self.sampler = Sampler()
         self.structured: StructuredOutput | None = None  # built by the first constrained request
         self.stats = EngineStats()
@@ -171,34 +171,30 @@ class LLMEngine:
         )
         return size.num_pages
 
-    def _step_budget(self, config: EngineConfig) -> StepBudget:
-        """The step budget of ``config``: its TPOT target with this machine's measured step
-        costs (none when the target is off), and its first-token target."""
-        ttft_s = config.target_ttft_ms / 1000
-        page = config.page_size
+    def _step_target(self, config: EngineConfig) -> StepTarget | None:
+        """The step-time target of ``config``, with this machine's measured step costs."""
         if config.target_tpot_ms is None:
-            return StepBudget(ttft_s=ttft_s, min_prefill_tokens=page)
+            return None
         try:
             costs = measure_step_costs(
                 self.runner, self.cache.pool, config.max_num_seqs, config.token_budget
             )
         except ValueError as exc:
             log.warning("step_target_off", reason=str(exc))
-            return StepBudget(ttft_s=ttft_s, min_prefill_tokens=page)
+            return None
         auto = config.target_tpot_ms == "auto"
         target_s = costs.auto_target_s() if auto else float(config.target_tpot_ms) / 1000
-        budget = StepBudget(target_s, costs, ttft_s, min_prefill_tokens=page)
+        target = StepTarget(target_s, costs, min_prefill_tokens=config.page_size)
         log.info(
             "step_target",
             target_tpot_ms=round(target_s * 1000, 1),
-            target_ttft_ms=config.target_ttft_ms,
             derived=auto,
             fixed_ms=round(costs.fixed_s * 1000, 2),
             per_decode_ms=round(costs.per_decode_s * 1000, 3),
             per_prefill_token_ms=round(costs.per_prefill_token_s * 1000, 4),
-            max_decodes=budget.max_decodes(config.max_num_seqs),
+            max_decodes=target.max_decodes,
         )
-        return budget
+        return target
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -445,9 +441,9 @@ class LLMEngine:
             row += 1 + len(seq.draft)
             batch.outputs.append(self._append_tokens(seq.request, tokens, logprobs))
         elapsed = timer.finish()
-        self.scheduler.budget.observe(
-            out.num_decodes, out.num_batched_tokens - out.num_decodes, elapsed
-        )
+        target = self.scheduler.target
+        if target is not None:
+            target.observe(out.num_decodes, out.num_batched_tokens - out.num_decodes, elapsed)
 
     def _sample(
         self,
@@ -659,11 +655,9 @@ class LLMEngine:
         running: dict[str, int] = {}
         for request in self.scheduler.running:
             running[request.tenant_id] = running.get(request.tenant_id, 0) + 1
-        waiting = self.scheduler.waiting_by_tenant()
         return EngineSnapshot(
             running_by_tenant=running,
-            waiting_by_tenant={t: count for t, (count, _) in waiting.items()},
-            oldest_wait_by_tenant={t: wait for t, (_, wait) in waiting.items()},
+            waiting_by_tenant=self.scheduler.policy.num_waiting_by_tenant(),
             num_pages_total=self.num_pages,
             num_pages_free=self.cache.pool.num_free_pages,
             num_pages_available=self.cache.num_available_pages,

@@ -1,27 +1,20 @@
-"""Admission policy: the waiting queue, and which request the scheduler admits next.
+"""Admission policy: which waiting request the scheduler admits next (FIFO for now).
 
-The scheduler only talks to ``AdmissionPolicy``; ``FifoPolicy`` serves in arrival order and
-``engine/fair_share.py`` by weighted virtual counters with first-token deadlines.
+The scheduler only talks to the ``AdmissionPolicy`` interface, so a weighted fair-share queue
+(with longest-cached-prefix-first within a tenant) can replace ``FifoPolicy`` unchanged.
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 
 from engine.request import Request, RequestStatus
 
-# Seconds a prompt of this many uncached tokens needs to its first token at the current rates.
-Horizon = Callable[[int], float]
-
 
 class AdmissionPolicy(ABC):
     """The waiting queue. Not thread-safe: only the engine thread calls it."""
-
-    _now: float = 0.0
-    _horizon: Horizon | None = None
 
     @abstractmethod
     def add(self, request: Request) -> None:
@@ -33,8 +26,8 @@ class AdmissionPolicy(ABC):
 
     @abstractmethod
     def pop(self, skip: Collection[str] = ()) -> Request:
-        """Remove and return the next request to admit, passing over the tenants in ``skip``;
-        IndexError when none is left."""
+        """Remove and return the next request to admit, passing over the tenants in ``skip``
+        (those that have had their share of this step); IndexError when none is left."""
 
     @abstractmethod
     def remove(self, request: Request) -> bool:
@@ -52,17 +45,9 @@ class AdmissionPolicy(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
-    @abstractmethod
-    def waiting(self) -> list[Request]:
-        """A snapshot of the queued requests in arrival order."""
-
     def charge(self, request: Request, num_uncached: int, num_cached: int, num_output: int) -> None:
         """Account work done for ``request`` as it is scheduled (fair-share counters)."""
         return None
-
-    def counter(self, tenant_id: str) -> float:
-        """The service a tenant has had (weighted); equal for all without fair share."""
-        return 0.0
 
     def num_waiting_by_tenant(self) -> dict[str, int]:
         """Waiting requests per tenant id (for stats)."""
@@ -71,31 +56,28 @@ class AdmissionPolicy(ABC):
             counts[request.tenant_id] = counts.get(request.tenant_id, 0) + 1
         return counts
 
+    @abstractmethod
+    def waiting(self) -> list[Request]:
+        """A snapshot of the queued requests in admission order."""
+
+    def prefill_caps(self, budget: int) -> dict[str, int] | None:
+        """The most prefill tokens each listed tenant may run in a step whose prefill budget is
+        ``budget`` (tenants not listed are not capped); None caps nobody."""
+        return None
+
     def bind_prefix_len(self, prefix_len: Callable[[Request], int]) -> None:
         """Receive the engine's cached-prefix measure (used by locality-aware policies)."""
         return None
 
     def bind_running(self, slots: Mapping[str, int], max_num_seqs: int) -> None:
-        """Receive the scheduler's live count of running requests per tenant."""
+        """Receive the scheduler's live count of running requests per tenant (kept up to date by
+        the scheduler) and the number of slots (used by slot-aware policies)."""
         return None
 
-    def begin_step(self, now_s: float, horizon: Horizon) -> None:
-        """The clock and the step budget's time-to-first-token estimate, as a step begins."""
-        self._now = now_s
-        self._horizon = horizon
-
-    def is_due(self, request: Request) -> bool:
-        """Whether a waiting request must start now to meet its first-token deadline (late ones
-        included): it may then take a slot beyond the step budget's decode limit."""
-        if math.isinf(request.deadline_s):
-            return False
-        tokens = self._uncached_tokens(request)
-        need = self._horizon(tokens) if self._horizon is not None else 0.0
-        return request.deadline_s - need <= self._now
-
-    def _uncached_tokens(self, request: Request) -> int:
-        """The prompt tokens a waiting request will have to compute (all, unless known)."""
-        return request.num_tokens
+    def begin_step(self) -> None:
+        """Called by the scheduler as a step's schedule begins (policies that order by the
+        state of the whole engine take it here, once a step)."""
+        return None
 
     def service_key(self, request: Request) -> tuple[float, ...]:
         """Order of prefill work within a step: lower goes first. Admission order by default (a
@@ -103,6 +85,23 @@ class AdmissionPolicy(ABC):
         if request.status is not RequestStatus.RUNNING:
             return (float("inf"),)
         return (float(request.admitted_index),)
+
+    def service(self, tenant_id: str) -> float:
+        """The work a tenant has been served, in the units of ``decode_lead``."""
+        return 0.0
+
+    @property
+    def decode_lead(self) -> float | None:
+        """How far (in ``service`` units) a tenant must be ahead of one whose prompt waits
+        before its decodes may sit out a step for that prompt (within a step-time target);
+        None: decodes never do (admission order says nothing about who was served more)."""
+        return None
+
+    @property
+    def yield_lead(self) -> float | None:
+        """How far ahead a tenant must be for all its work (decodes, prompt chunks, admissions)
+        to sit out a step in which the waiting prompt can end; None: never."""
+        return None
 
     def pick_victim(
         self, candidates: list[Request], beneficiary: Request | None = None

@@ -45,9 +45,6 @@ class Request:
     allow_public_prefix: bool = True
     background: bool = False  # yields its steps to foreground prompts (GenerateRequest)
     tenant_requests: int = 0  # the caller's count of its tenant's requests (GenerateRequest)
-    target_ttft_s: float | None = None  # its tenant's first-token target; None: the engine's
-    arrival_s: float = 0.0  # when the scheduler queued it (the scheduler's clock)
-    deadline_s: float = float("inf")  # first token due by then (inf: none, or already given)
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)

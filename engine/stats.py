@@ -66,8 +66,6 @@ class EngineSnapshot:
 
     running_by_tenant: dict[str, int] = field(default_factory=dict)
     waiting_by_tenant: dict[str, int] = field(default_factory=dict)
-    # Seconds the longest-waiting request of each tenant with requests waiting has waited.
-    oldest_wait_by_tenant: dict[str, float] = field(default_factory=dict)
     num_pages_total: int = 0
     num_pages_free: int = 0
     num_pages_available: int = 0  # free plus evictable cached pages

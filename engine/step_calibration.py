@@ -16,7 +16,7 @@ from engine.model_runner import ModelRunner
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
-from engine.scheduler.budget import StepCosts
+from engine.step_target import StepCosts
 from radix_cache.page_pool import PagePool
 
 OWNER = "req:step-calibration"

@@ -84,9 +84,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # The longest a step may take, so each running request's time per output token: "auto"
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
-    # A request's first-token deadline after its arrival: a prompt that needs to start now to
-    # meet it goes ahead of the fair-share counters and beyond the TPOT target's batch.
-    target_ttft_ms: float = 2000.0
     # Default max_tokens when a request names none: the remaining context, capped at this.
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20
@@ -183,8 +180,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise SettingsError("max_num_batched_tokens must be positive")
         self.engine_target_tpot_ms  # noqa: B018 (validates)
-        if not 0 < self.target_ttft_ms < math.inf:
-            raise SettingsError("target_ttft_ms must be a positive number of milliseconds")
         if self.auth_failures_per_minute < 0:
             raise SettingsError("auth_failures_per_minute must not be negative")
         if not 0 < self.batch_weight_fraction <= 1:

@@ -3,8 +3,8 @@
 Every finished request is replaced by its tenant's next one at once (a closed loop); the work
 each tenant got is counted from the tokens themselves (prompt tokens prefilled or found cached
 at admission, output tokens sampled), priced with the fair-share costs, never read back from
-the policy's counters. With a step budget of known costs, a virtual clock advances each step by
-its cost model, and each request's time to first token is kept.
+the policy's counters. With a step-time target, a virtual clock advances each step by the
+target's cost model (no scale), and each request's time to first token is kept.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from engine.fair_share import FairShareCosts, FairSharePolicy
 from engine.request import Request, owner_tag
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.scheduler.budget import StepBudget
+from engine.step_target import StepTarget
 from radix_cache import RadixPrefixCache
 from radix_cache.page_pool import PagePool
 from radix_cache.prefix_cache import tenant_namespace
@@ -40,7 +40,7 @@ class ClosedLoop:
     max_num_seqs: int
     budget: int = 512
     num_pages: int = 4000
-    budget_model: StepBudget | None = None
+    target: StepTarget | None = None
     seed: int = 0
     scheduler: Scheduler = field(init=False)
     work: Counter[str] = field(default_factory=Counter)  # priced work per tenant
@@ -58,12 +58,7 @@ class ClosedLoop:
     def __post_init__(self) -> None:
         cache = RadixPrefixCache(PagePool(self.num_pages), 16)
         self.scheduler = Scheduler(
-            cache,
-            FairSharePolicy(),
-            self.budget,
-            self.max_num_seqs,
-            budget=self.budget_model,
-            clock=lambda: self.now_s,
+            cache, FairSharePolicy(), self.budget, self.max_num_seqs, target=self.target
         )
         self.rng = random.Random(self.seed)
         self.ids = itertools.count()
@@ -97,10 +92,14 @@ class ClosedLoop:
         sched = self.scheduler
         for _ in range(steps):
             out = sched.schedule()
-            if self.budget_model is not None and out.seqs:
+            if self.target is not None and out.seqs:
                 num_decodes = out.num_decodes
-                prefill = out.num_batched_tokens - num_decodes
-                self.now_s += self.budget_model.predict_s(num_decodes, prefill)
+                step = self.target.costs
+                self.now_s += (
+                    step.fixed_s
+                    + step.per_decode_s * num_decodes
+                    + step.per_prefill_token_s * (out.num_batched_tokens - num_decodes)
+                )
             self.max_running = max(self.max_running, len(sched.running))
             for seq in out.seqs:
                 request = seq.request

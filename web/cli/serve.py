@@ -184,13 +184,6 @@ def register(subparsers: Any) -> None:
         help="the longest a step may take (time per output token): auto (default), off or ms",
     )
     parser.add_argument(
-        "--target-ttft-ms",
-        dest="target_ttft_ms",
-        type=float,
-        default=None,
-        help="each request's first-token deadline after its arrival, in ms (default 2000)",
-    )
-    parser.add_argument(
         "--kv-cache-bytes",
         dest="kv_cache_bytes",
         type=int,

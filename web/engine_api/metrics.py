@@ -20,8 +20,6 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
-TENANT_WAITING = "atrium:tenant_requests_waiting"
-TENANT_OLDEST_WAIT = "atrium:tenant_oldest_wait_seconds"
 
 
 def kv_cache_usage(snapshot: EngineSnapshot) -> float:
@@ -61,19 +59,3 @@ class ModelServerCollector(Collector):
         )
         hits.add_metric(model, counters.num_cached_tokens)
         yield from (waiting, running, usage, config, queries, hits)
-        yield from self._per_tenant(snap)
-
-    def _per_tenant(self, snap: EngineSnapshot) -> Iterator[GaugeMetricFamily]:
-        """The queue per tenant: requests waiting, and how long its oldest one has waited (a
-        request the engine cannot start within its deadline still waits here, in order)."""
-        labels = ["model_name", "tenant"]
-        count = GaugeMetricFamily(TENANT_WAITING, "Requests waiting, per tenant", labels=labels)
-        oldest = GaugeMetricFamily(
-            TENANT_OLDEST_WAIT, "Seconds the oldest waiting request has waited", labels=labels
-        )
-        for tenant, num in sorted(snap.waiting_by_tenant.items()):
-            count.add_metric([self._model_name, tenant], num)
-            oldest.add_metric(
-                [self._model_name, tenant], snap.oldest_wait_by_tenant.get(tenant, 0.0)
-            )
-        yield from (count, oldest)

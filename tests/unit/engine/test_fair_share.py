@@ -1,5 +1,4 @@
-"""Weighted VTC admission: shares by weight, no banked idleness, deadline aging, locality inside
-a tenant."""
+"""Weighted VTC admission: shares by weight, no banked idleness, locality inside a tenant."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ _ids = itertools.count()
 
 
 def make_request(
-    tenant: str, weight: float = 1.0, prompt_len: int = 8, deadline_s: float = float("inf")
+    tenant: str, weight: float = 1.0, prompt_len: int = 8, tenant_requests: int = 0
 ) -> Request:
     rid = f"r{next(_ids)}"
     return Request(
@@ -28,7 +27,7 @@ def make_request(
         owner=owner_tag(rid),
         arrival_index=next(_ids),
         tenant_weight=weight,
-        deadline_s=deadline_s,
+        tenant_requests=tenant_requests,
     )
 
 
@@ -54,7 +53,7 @@ def test_equal_weights_share_equally_despite_ten_times_the_requests() -> None:
 
 
 def test_weights_two_to_one_give_two_thirds() -> None:
-    policy = FairSharePolicy()  # the counters alone, at this small scale
+    policy = FairSharePolicy(level_band=0.0)  # the counters alone, at this small scale
     for _ in range(200):
         policy.add(make_request("heavy", weight=2.0))
         policy.add(make_request("light", weight=1.0))
@@ -77,7 +76,7 @@ def test_returning_tenant_gets_no_burst_for_its_idle_time() -> None:
 
 
 def test_a_returning_tenant_wins_the_tie_once_then_alternates() -> None:
-    policy = FairSharePolicy()
+    policy = FairSharePolicy(level_band=0.0)
     for _ in range(10):
         policy.add(make_request("busy"))
     serve(policy, steps=3, cost=10)
@@ -92,8 +91,27 @@ def test_a_returning_tenant_wins_the_tie_once_then_alternates() -> None:
     assert after is not None and after.tenant_id == "busy"
 
 
-def test_the_counter_decides_whatever_slots_the_tenants_hold() -> None:
+def test_a_flood_back_from_idle_goes_behind_a_smaller_queue_at_its_counter() -> None:
     policy = FairSharePolicy()
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=64)
+    light = make_request("light")
+    policy.add(light)
+    policy.pop()
+    slots["light"] = 1  # running
+    policy.charge(light, 96, 0, 0)
+    policy.add(make_request("light"))  # its second prompt waits
+    for _ in range(20):
+        policy.add(make_request("flood"))  # back from idle: lifted to light's counter
+    assert policy.counter("flood") == policy.counter("light")
+    policy.begin_step()
+    # The flood's return wins ties among queues of its size, not against a burst of two.
+    assert policy.pop().tenant_id == "light"
+    assert policy.pop().tenant_id == "flood"
+
+
+def test_the_counter_decides_whatever_slots_the_tenants_hold() -> None:
+    policy = FairSharePolicy(level_band=0.0)
     slots: dict[str, int] = {}
     policy.bind_running(slots, max_num_seqs=8)
     for _ in range(5):
@@ -104,6 +122,37 @@ def test_the_counter_decides_whatever_slots_the_tenants_hold() -> None:
     assert policy.pop().tenant_id == "flood"
     policy.charge(make_request("flood"), 0, 0, 60)  # now flood has been served more
     assert policy.pop().tenant_id == "quiet"
+
+
+def test_level_tenants_go_fewest_requests_first_and_the_band_bounds_it() -> None:
+    policy = FairSharePolicy(level_band=100.0)
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=64)
+    for _ in range(20):
+        policy.add(make_request("flood"))
+    for _ in range(2):
+        policy.add(make_request("light"))
+    order = []
+    for _ in range(6):
+        policy.begin_step()
+        request = policy.pop()
+        slots[request.tenant_id] = slots.get(request.tenant_id, 0) + 1
+        policy.charge(request, 30, 0, 0)
+        order.append(request.tenant_id)
+    # Light's two prompts go first although its counter passed flood's after the first (30 is
+    # within the band of 100); then flood, which has nothing left to compete with.
+    assert order == ["light", "light", "flood", "flood", "flood", "flood"]
+    for _ in range(3):
+        policy.add(make_request("light"))
+    policy.begin_step()  # light 60 and flood 120: level, and light has fewer requests
+    head = policy.peek()
+    assert head is not None and head.tenant_id == "light"
+    policy.charge(make_request("light"), 0, 0, 100)  # light at 260, beyond flood's 120 + 100
+    policy.begin_step()
+    assert policy.pop().tenant_id == "flood"
+    # Beyond the band the counter alone decides, whatever the queues hold.
+    assert policy.service_key(make_request("light"))[0] == 260.0
+    assert policy.service_key(make_request("flood"))[0] == 120.0
 
 
 def test_a_victim_for_another_tenant_comes_from_a_tenant_ahead_of_it() -> None:
@@ -162,52 +211,87 @@ def test_a_tenant_returning_while_another_only_runs_is_lifted_to_the_running_one
     assert policy.pop().tenant_id == "busy"
 
 
-def horizon(num_tokens: int) -> float:
-    """A prompt needs 1 ms a token to its first token."""
-    return num_tokens / 1000
-
-
-def test_a_request_at_risk_goes_ahead_of_the_counters_and_a_late_one_does_not() -> None:
+def test_prefill_caps_hold_tenants_ahead_of_the_least_served_to_their_weighted_share() -> None:
     policy = FairSharePolicy()
-    for _ in range(5):
-        policy.add(make_request("light", deadline_s=10.0))
-    served = make_request("heavy", deadline_s=1.0)
-    policy.add(served)
-    policy.charge(served, 0, 0, 500)  # heavy is far ahead: by the counters it goes last
-    policy.begin_step(0.5, horizon)  # 0.5 s before its deadline, its 8 tokens need 8 ms
-    assert policy.pop().tenant_id == "light"
-    policy.begin_step(0.995, horizon)  # now it must start: it goes ahead of the counters
-    assert policy.is_due(served)
-    assert policy.pop() is served
-    late = make_request("heavy", deadline_s=1.0)
-    policy.add(late)
-    policy.begin_step(2.0, horizon)  # past its deadline: no longer ahead of anyone
-    assert policy.is_due(late)  # (it may still take a slot beyond the decode limit)
-    assert policy.pop().tenant_id == "light"
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=8)
+    lead = make_request("lead", weight=2.0)
+    policy.add(lead)
+    assert policy.prefill_caps(2048) is None  # one active tenant: nothing to protect
+    for tenant in ("mid", "low"):
+        policy.add(make_request(tenant))
+    assert policy.prefill_caps(2048) == {}  # level counters: nobody is ahead
+    policy.charge(lead, 100, 0, 0)
+    policy.charge(make_request("mid"), 10, 0, 0)
+    # Weights 2 : 1 : 1 of 2048; the least served ("low") is not capped.
+    assert policy.prefill_caps(2048) == {"lead": 1024, "mid": 512}
+    for i in range(20):
+        policy.add(make_request(f"other{i}"))
+        policy.charge(make_request(f"other{i}"), 500, 0, 0)
+    caps = policy.prefill_caps(2048)
+    assert caps is not None and caps["mid"] == 2048 // 8  # never below an eighth
+    assert "low" not in caps
 
 
-def test_among_tenants_at_risk_the_counters_decide() -> None:
+def test_prefill_caps_count_running_tenants_as_active() -> None:
     policy = FairSharePolicy()
-    a, b = make_request("a", deadline_s=1.0), make_request("b", deadline_s=1.0)
-    policy.add(a)
-    policy.add(b)
-    policy.charge(a, 0, 0, 50)
-    policy.begin_step(0.999, horizon)
-    assert policy.pop() is b
+    slots: dict[str, int] = {}
+    policy.bind_running(slots, max_num_seqs=8)
+    flood = make_request("flood")
+    policy.add(flood)
+    policy.charge(flood, 1000, 0, 0)
+    slots["quiet"] = 1  # only decoding: nothing waiting, but active
+    quiet = make_request("quiet")
+    policy.charge(quiet, 50, 0, 0)
+    assert policy.prefill_caps(1000) == {"flood": 500}
 
 
-def test_within_a_tenant_a_due_request_goes_before_a_longer_cached_prefix() -> None:
-    lengths = {}
-    policy = FairSharePolicy(prefix_len=lambda r: lengths[r.request_id])
-    cached = make_request("a", deadline_s=5.0)
-    old = make_request("a", deadline_s=1.0)
-    lengths.update({cached.request_id: 64, old.request_id: 0})
-    policy.add(old)
-    policy.add(cached)
-    policy.begin_step(0.0, horizon)
-    assert policy.peek() is cached  # nothing due: locality first
-    policy.begin_step(0.995, horizon)
-    assert policy.pop() is old
+def test_among_level_tenants_the_smaller_queue_goes_first_and_the_flood_keeps_its_turns() -> None:
+    policy = FairSharePolicy()
+    for _ in range(40):
+        policy.add(make_request("flood"))  # arrived first
+    for tenant in ("a", "b"):
+        for _ in range(4):
+            policy.add(make_request(tenant))
+    order = []
+    for _ in range(9):
+        request = policy.pop()
+        policy.charge(request, 256, 0, 0)
+        order.append(request.tenant_id)
+    # Each round serves every tenant once; the small queues first, the flood last.
+    assert order == ["a", "b", "flood"] * 3
+
+
+def test_a_flood_still_crossing_the_gateway_ranks_by_the_gateways_count() -> None:
+    """Two of a flood's twenty requests have reached the engine, beside two light tenants' two
+    each: by the engine's own count the flood is one of them; by the gateway's it is twenty."""
+
+    def first_served(flood_at_gateway: int) -> list[str]:
+        policy = FairSharePolicy()
+        for _ in range(2):
+            policy.add(make_request("flood", tenant_requests=flood_at_gateway))
+            policy.add(make_request("a", tenant_requests=2))
+            policy.add(make_request("b", tenant_requests=2))
+        order = []
+        for _ in range(6):
+            request = policy.pop()
+            policy.charge(request, 32, 0, 0)
+            order.append(request.tenant_id)
+        return order
+
+    assert sorted(first_served(flood_at_gateway=20)[:4]) == ["a", "a", "b", "b"]
+    assert "flood" in first_served(flood_at_gateway=0)[:3]  # without the count it goes first
+
+
+def test_the_gateways_count_is_dropped_once_the_tenant_has_nothing_waiting() -> None:
+    policy = FairSharePolicy()
+    policy.add(make_request("flood", tenant_requests=20))
+    policy.pop()
+    # Its next request says nothing of the gateway: the old count does not linger.
+    policy.add(make_request("flood"))
+    policy.add(make_request("a", tenant_requests=2))
+    policy.add(make_request("a", tenant_requests=2))
+    assert policy.peek() is not None and policy.peek().tenant_id == "flood"  # type: ignore[union-attr]
 
 
 def test_longest_cached_prefix_first_within_a_tenant() -> None:

@@ -151,8 +151,6 @@ def test_snapshot_counts_per_tenant(tiny: LoadedModel) -> None:
     snapshot = engine.snapshot()
     assert snapshot.running_by_tenant == {"x": 1}
     assert snapshot.waiting_by_tenant == {"y": 1}
-    assert list(snapshot.oldest_wait_by_tenant) == ["y"]  # and how long it has waited
-    assert snapshot.oldest_wait_by_tenant["y"] >= 0
     assert snapshot.num_pages_free == snapshot.num_pages_total - 1
     assert snapshot.counters.num_steps == 1 and snapshot.counters.forward_s > 0
 
@@ -167,11 +165,11 @@ def test_a_step_time_target_measures_costs_and_keeps_outputs_the_same(tiny: Load
         return engine, {rid: tokens_of(out) for rid, out in run_all(engine).items()}
 
     untargeted, reference = run()
-    assert untargeted.scheduler.budget.target_s is None
+    assert untargeted.scheduler.target is None
     auto, auto_tokens = run(target_tpot_ms="auto")
-    target = auto.scheduler.budget
+    target = auto.scheduler.target
+    assert target is not None
     costs = target.costs
-    assert costs is not None
     assert costs.per_decode_s > 0 and costs.per_prefill_token_s > 0
     assert target.target_s == pytest.approx(costs.auto_target_s())
     assert pool_is_whole(auto)  # the measurement handed back every page it borrowed

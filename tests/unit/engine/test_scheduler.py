@@ -1,5 +1,4 @@
-"""Scheduler properties on a simulated KV cache and a virtual clock: budget, fairness to decodes,
-first-token deadlines, no leaks."""
+"""Scheduler properties on a simulated KV cache: budget, fairness to decodes, no leaks."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from engine.policy import AdmissionPolicy, FifoPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.scheduler.budget import StepBudget, StepCosts
+from engine.step_target import StepCosts, StepTarget
 from radix_cache.errors import OutOfPagesError
 from radix_cache.page_pool import FREE, PagePool
 from radix_cache.prefix_cache import (
@@ -132,22 +131,15 @@ class Simulation:
     budget: int
     max_num_seqs: int
     policy: AdmissionPolicy = field(default_factory=FifoPolicy)
-    budget_model: StepBudget | None = None
+    target: StepTarget | None = None
     scheduler: Scheduler = field(init=False)
     kv: dict[int, dict[int, int]] = field(default_factory=dict)  # page -> slot -> token
     finished: Counter[str] = field(default_factory=Counter)
     num_steps: int = 0
-    now_s: float = 0.0  # the virtual clock: each step takes what the budget's costs predict
-    first_token_s: dict[str, float] = field(default_factory=dict)  # request id -> its wait
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(
-            self.cache,
-            self.policy,
-            self.budget,
-            self.max_num_seqs,
-            budget=self.budget_model,
-            clock=lambda: self.now_s,
+            self.cache, self.policy, self.budget, self.max_num_seqs, target=self.target
         )
 
     def add(
@@ -177,11 +169,14 @@ class Simulation:
         left = {r.request_id for r in out.preempted + out.finished}
         missing = decoding - set(ids) - left
         if missing:
-            # Only background decodes, and only beside a foreground prompt that ran.
+            # Only beside a prompt that ran: background decodes beside a foreground prompt;
+            # others within a step-time target, beside a prompt of a tenant served less.
             prompts = [s for s in out.seqs if s.request.request_id not in decoding]
-            assert any(not s.request.background for s in prompts), f"decodes skipped: {missing}"
+            assert prompts, f"decodes sat out a step in which no prompt ran: {missing}"
             background = {r.request_id for r in sched.running if r.background}
-            assert missing <= background, f"running decodes skipped a step: {missing}"
+            if not missing <= background or all(s.request.background for s in prompts):
+                assert self.target is not None, f"running decodes skipped a step: {missing}"
+                assert self.policy.decode_lead is not None
         size = self.cache.page_size
         for seq in out.seqs:
             request = seq.request
@@ -199,19 +194,12 @@ class Simulation:
                 self.kv.setdefault(page, {})[pos % size] = request.all_token_ids[pos]
             assert seq.sample == (end == request.num_tokens)
         sched.postprocess(out)
-        num_decodes = out.num_decodes
-        if self.budget_model is not None:
-            self.now_s += self.budget_model.predict_s(
-                num_decodes, out.num_batched_tokens - num_decodes
-            )
         for request in out.finished:
             self.finished[request.request_id] += 1
         for seq in out.seqs:
             request = seq.request
             if not seq.sample or request.is_finished:
                 continue
-            if request.num_output_tokens == 0:
-                self.first_token_s[request.request_id] = self.now_s - request.arrival_s
             request.append_token((request.num_tokens * 7 + 3) % 50)
             if request.num_output_tokens >= request.params.max_tokens:
                 sched.finish(request, "length")
@@ -268,7 +256,6 @@ request_specs = st.lists(
     budget=st.integers(8, 64),
     max_num_seqs=st.integers(1, 8),
     fair_within_target=st.booleans(),
-    ttft_ms=st.sampled_from([5.0, 50.0, 2000.0]),
 )
 def test_random_workloads_keep_every_invariant(
     specs: list[tuple[str, int, int, int, int, int | None]],
@@ -278,17 +265,14 @@ def test_random_workloads_keep_every_invariant(
     budget: int,
     max_num_seqs: int,
     fair_within_target: bool,
-    ttft_ms: float,
 ) -> None:
     cache = make_cache(use_tree, num_pages, page_size)
     if fair_within_target:
-        # Fair share within a step-time target of 6 decodes and a few prompt tokens, with
-        # first-token deadlines from tight (every prompt due at once) to loose.
-        policy: AdmissionPolicy = FairSharePolicy()
-        model = StepBudget(
-            0.010, StepCosts(0.001, 0.001, 0.0005), ttft_ms / 1000, min_prefill_tokens=page_size
-        )
-        sim = Simulation(cache, budget, max_num_seqs, policy=policy, budget_model=model)
+        # Fair share whose decodes yield to any tenant served less, within a step-time target
+        # of 6 decodes and a few prompt tokens: decodes sit out steps as often as they can.
+        policy: AdmissionPolicy = FairSharePolicy(level_band=4.0, decode_lead=0.0)
+        target = StepTarget(0.010, StepCosts(0.001, 0.001, 0.0005), min_prefill_tokens=page_size)
+        sim = Simulation(cache, budget, max_num_seqs, policy=policy, target=target)
     else:
         sim = Simulation(cache, budget, max_num_seqs)
     capacity = num_pages * page_size
@@ -358,30 +342,34 @@ def test_a_less_served_tenants_prompt_runs_before_a_flooders_remaining_chunks(fa
     sim.assert_no_leaks()
 
 
-def test_beside_a_light_tenants_decode_a_flooders_chunks_keep_the_step_within_the_target() -> None:
-    # 2 ms a step, 1 ms a decode, 0.1 ms a prompt token, a 20 ms target and loose deadlines: the
-    # flood's prompts run in what the quiet decode leaves, so the quiet tenant's tokens keep
-    # their pace, and its next prompt runs whole in the step after it arrives (the flood's
-    # decodes, served more, do not shorten the room of a less-served prompt).
-    model = StepBudget(0.020, StepCosts(0.002, 0.001, 0.0001), ttft_s=60.0, min_prefill_tokens=4)
+def test_a_flooders_chunks_take_only_its_share_while_a_less_served_tenant_is_active() -> None:
     sim = Simulation(
-        make_cache(False, 1024, 4), 512, 8, policy=FairSharePolicy(), budget_model=model
+        make_cache(False, 1024, 4), budget=64, max_num_seqs=8, policy=FairSharePolicy()
     )
     quiet = sim.add("quiet0", [1, 2, 3, 4, 5], max_tokens=12, tenant="quiet")
     sim.step()
-    floods = [sim.add(f"flood{i}", list(range(i, i + 400)), 2, tenant="flood") for i in range(4)]
+    floods = [sim.add(f"flood{i}", list(range(i, i + 100)), 2, tenant="flood") for i in range(4)]
+    flood_prefill: list[int] = []
     second: Request | None = None
     while quiet.num_output_tokens < 12 or second is None or not second.is_finished:
         if quiet.num_output_tokens == 6 and second is None:
             second = sim.add("quiet1", list(range(300, 340)), max_tokens=2, tenant="quiet")
             out = sim.step()
+            # The less-served tenant's whole prompt runs in the step after it arrives.
             assert [s.num_new_tokens for s in out.seqs if s.request is second] == [40]
             continue
         out = sim.step()
-        assert quiet.is_finished or quiet in [s.request for s in out.seqs]  # its pace holds
-        prompts = {s.request.tenant_id for s in out.seqs[out.num_decodes :]}
-        if prompts == {"flood"}:  # never more than a whole target's worth of prompt tokens
-            assert out.num_batched_tokens - out.num_decodes <= model.prefill_room(0, 512)
+        flood_prefill.append(
+            sum(
+                s.num_new_tokens
+                for s in out.seqs
+                if s.request.tenant_id == "flood" and not s.sample
+            )
+        )
+    # Level counters on the first step; then ahead of quiet, the flood gets half the budget
+    # (after the decode's token), and so steps stay short.
+    assert flood_prefill[0] > 32
+    assert max(flood_prefill[1:]) <= 31
     sim.run()
     assert all(f.num_output_tokens == 2 for f in floods)
     sim.assert_no_leaks()
@@ -564,111 +552,93 @@ def test_two_prompts_that_each_need_the_whole_cache_take_turns_and_both_finish()
     sim.assert_no_leaks()
 
 
-# 2 ms a step, 1 ms a decode, 0.1 ms a prompt token, a 20 ms target: 9 decodes leave 90 prompt
-# tokens a step.
-COSTS = StepCosts(0.002, 0.001, 0.0001)
+def test_within_a_target_a_flooders_decodes_sit_out_a_step_for_a_less_served_prompt() -> None:
+    # 2 ms a step, 1 ms a decode, 0.1 ms a prompt token, 20 ms target: 9 decodes leave 90
+    # prompt tokens, 3 leave the 150 of the quiet tenant's second prompt.
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+
+    def load(policy: AdmissionPolicy) -> tuple[Simulation, list[Request]]:
+        sim = Simulation(make_cache(False, 512, 4), 256, 16, policy=policy, target=target)
+        sim.add("quiet0", [9, 9, 9, 9], 60, tenant="quiet")
+        sim.step()
+        floods = [sim.add(f"flood{i}", [i, 1, 2, 3], 40, tenant="flood") for i in range(8)]
+        for _ in range(10):  # the flood is served 8 tokens a step, quiet 1
+            sim.step()
+        sim.add("quiet1", list(range(200, 350)), max_tokens=4, tenant="quiet")
+        return sim, floods
+
+    sim, floods = load(FairSharePolicy(level_band=16.0, decode_lead=16.0))
+    out = sim.step()
+    ran = {s.request.request_id: s.num_new_tokens for s in out.seqs}
+    assert ran["quiet1"] == 150  # its whole prompt, in one step within the target
+    assert "quiet0" in ran  # the quiet tenant's own decode runs
+    assert [f.request_id for f in floods if f.request_id in ran] == ["flood0", "flood1"]
+    assert out.num_decodes == 3
+    assert target.predict_s(out.num_decodes, 150) <= target.target_s + 1e-12
+    out = sim.step()  # no prompt waits now: every decode runs again
+    assert {f.request_id for f in floods} <= {s.request.request_id for s in out.seqs}
+    sim.run()
+    sim.assert_no_leaks()
+    # Admission order says nothing about who was served more: under FIFO every decode runs.
+    fifo, floods = load(FifoPolicy())
+    out = fifo.step()
+    assert out.num_decodes == 9
+    fifo.run()
+    fifo.assert_no_leaks()
 
 
-def flood_and_quiet(ttft_s: float, quiet_charge: float = 0.0) -> tuple[Simulation, list[Request]]:
-    """A quiet tenant decoding, then eight flood requests decoding beside it."""
-    model = StepBudget(0.020, COSTS, ttft_s=ttft_s, min_prefill_tokens=4)
-    policy = FairSharePolicy()
-    sim = Simulation(make_cache(False, 512, 4), 256, 16, policy=policy, budget_model=model)
-    quiet = sim.add("quiet0", [9, 9, 9, 9], 60, tenant="quiet")
+def test_within_a_target_a_tenant_far_ahead_sits_out_a_less_served_prompts_step_entirely() -> None:
+    # As above, with the flood ~170 ahead of the quiet tenant and a yield lead of 64: none of
+    # its decodes run beside the quiet prompt, nor is its own waiting prompt admitted into the
+    # room left (170 prompt tokens fit beside one decode; the quiet prompt takes 150).
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    policy = FairSharePolicy(level_band=16.0, decode_lead=16.0, yield_lead=64.0)
+    sim = Simulation(make_cache(False, 512, 4), 256, 16, policy=policy, target=target)
+    sim.add("quiet0", [9, 9, 9, 9], 60, tenant="quiet")
     sim.step()
-    policy.charge(quiet, 0, 0, int(quiet_charge // 2))
     floods = [sim.add(f"flood{i}", [i, 1, 2, 3], 40, tenant="flood") for i in range(8)]
     for _ in range(10):
         sim.step()
-    return sim, floods
-
-
-def test_a_prompt_gets_the_room_the_decodes_leave_and_the_whole_budget_once_due() -> None:
-    sim, floods = flood_and_quiet(ttft_s=10.0)
-    model = sim.scheduler.budget
-    prompt = sim.add("quiet1", list(range(200, 600)), max_tokens=4, tenant="quiet")
+    assert policy.service("flood") - policy.service("quiet") >= 64
+    sim.add("quiet1", list(range(200, 350)), max_tokens=4, tenant="quiet")
+    late = sim.add("flood8", list(range(400, 440)), max_tokens=4, tenant="flood")
     out = sim.step()
     ran = {s.request.request_id: s.num_new_tokens for s in out.seqs}
-    # Its deadline is far: every decode runs, and the prompt takes the room its own tenant's
-    # decode leaves (170 tokens): the flood's eight, served more, pay for their own time.
-    assert out.num_decodes == 9 and {f.request_id for f in floods} <= set(ran)
-    assert ran["quiet1"] == model.prefill_room(1, 256) == 170
-    out = sim.step()  # the flood's own prompts, if any, get what all nine decodes leave
-    assert out.num_batched_tokens - out.num_decodes <= max(model.prefill_room(9, 256), 170)
-    sim.run()
-    assert prompt.is_finished
-    # Due at once (a deadline shorter than its prompt needs): the decodes still run, and the
-    # prompt takes the whole token budget beside them, stretching this step.
-    sim, floods = flood_and_quiet(ttft_s=0.001)
-    sim.add("quiet1", list(range(200, 600)), max_tokens=4, tenant="quiet")
-    out = sim.step()
+    assert ran == {"quiet0": 1, "quiet1": 150}
+    assert late.status is RequestStatus.WAITING
+    out = sim.step()  # the prompt has its first token: the flood runs again, and is admitted
     ran = {s.request.request_id: s.num_new_tokens for s in out.seqs}
-    assert out.num_decodes == 9 and {f.request_id for f in floods} <= set(ran)
-    assert ran["quiet1"] == 256 - 9
+    assert {f.request_id for f in floods} <= set(ran) and "flood8" in ran
     sim.run()
+    assert late.is_finished
     sim.assert_no_leaks()
 
 
-def light_first_token(ttft_s: float, num_flood: int) -> tuple[float, float]:
-    """A flood of ``num_flood`` long requests arrives first under a step-time target that holds
-    4 decodes; then a light tenant, served more than the flood so far, sends one prompt. Its
-    wait to the first token, and the longest step time seen while it waited."""
-    model = StepBudget(0.010, StepCosts(0.002, 0.0015, 0.0001), ttft_s, min_prefill_tokens=4)
-    policy = FairSharePolicy()
-    sim = Simulation(make_cache(False, 8192, 4), 512, 64, policy=policy, budget_model=model)
-    for i in range(num_flood):
-        sim.add(f"flood{i}", [i, 1, 2, 3], 200, tenant="flood")
-    for _ in range(5):
-        sim.step()
-    light = sim.add("light", list(range(100, 140)), max_tokens=4, tenant="light")
-    policy.charge(light, 0, 0, 10_000)  # by the counters alone it would wait for the flood
-    longest = 0.0
-    while light.num_output_tokens == 0 and sim.num_steps < 5000:
-        before = sim.now_s
-        sim.step()
-        longest = max(longest, sim.now_s - before)
-    return sim.first_token_s["light"], longest
-
-
-@pytest.mark.parametrize("num_flood", [20, 60])
-def test_a_flood_cannot_push_a_light_first_token_past_its_deadline_and_a_step(
-    num_flood: int,
-) -> None:
-    waited, step_s = light_first_token(ttft_s=0.5, num_flood=num_flood)
-    assert waited <= 0.5 + step_s, (waited, step_s)
-    # Without the deadline (an hour) the counters alone keep it behind the flood's work.
-    waited_unaged, _ = light_first_token(ttft_s=3600.0, num_flood=num_flood)
-    assert waited_unaged > 2 * 0.5
-
-
-def test_under_overload_both_sides_stretch_and_nobody_starves() -> None:
-    # Two tenants send a 120-token prompt every step each, far beyond what the machine runs:
-    # first tokens come late, steps grow past the target, but every step runs every decode, no
-    # step runs more than the token budget, and every request ends.
-    model = StepBudget(0.020, COSTS, ttft_s=0.1, min_prefill_tokens=4)
+def test_within_a_target_no_decode_sits_out_for_a_prompt_no_step_could_hold() -> None:
+    # As above, but the quiet tenant's prompt is 400 tokens: even with every flood decode out,
+    # a step holds 170 of them, so the flood would sit out step after step. Nobody sits out;
+    # the prompt moves on at what the decodes leave (90 tokens a step).
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
     sim = Simulation(
-        make_cache(False, 4096, 4), 256, 32, policy=FairSharePolicy(), budget_model=model
+        make_cache(False, 512, 4),
+        256,
+        16,
+        policy=FairSharePolicy(level_band=16.0, decode_lead=16.0),
+        target=target,
     )
-    requests = []
-    step_times = []
-    for i in range(60):
-        for tenant in ("a", "b"):
-            prompt = [i % 7, *range(1000 + i, 1119 + i)]
-            requests.append(sim.add(f"{tenant}{i}", prompt, max_tokens=8, tenant=tenant))
-        before = sim.now_s
-        sim.step()  # every running decode runs in every step (checked by the simulation)
-        step_times.append(sim.now_s - before)
+    sim.add("quiet0", [9, 9, 9, 9], 60, tenant="quiet")
+    sim.step()
+    floods = [sim.add(f"flood{i}", [i, 1, 2, 3], 40, tenant="flood") for i in range(8)]
+    for _ in range(10):
+        sim.step()
+    long_prompt = sim.add("quiet1", list(range(200, 600)), max_tokens=4, tenant="quiet")
+    for _ in range(3):
+        out = sim.step()
+        ran = {s.request.request_id: s.num_new_tokens for s in out.seqs}
+        assert out.num_decodes == 9 and {f.request_id for f in floods} <= set(ran)
+        assert ran["quiet1"] == target.prefill_budget(9)  # ~90
     sim.run()
-    assert all(r.num_output_tokens == 8 for r in requests)
-    assert max(step_times) > 0.020  # the TPOT side gave: due prompts stretched steps
-    assert max(step_times) <= model.predict_s(32, 256) + 1e-9
-    waits = [sim.first_token_s[r.request_id] for r in requests]
-    assert max(waits) > 0.1  # the TTFT side gave too
-    per_tenant = {
-        t: [w for r, w in zip(requests, waits, strict=True) if r.tenant_id == t] for t in "ab"
-    }
-    assert max(per_tenant["a"]) < 2 * max(per_tenant["b"])  # and neither tenant starves
-    assert max(per_tenant["b"]) < 2 * max(per_tenant["a"])
+    assert long_prompt.is_finished
     sim.assert_no_leaks()
 
 

@@ -103,14 +103,6 @@ def test_target_tpot_is_auto_by_default_and_takes_off_or_milliseconds() -> None:
             Settings.load(environ={"ATRIUM_TARGET_TPOT_MS": bad})
 
 
-def test_target_ttft_is_two_seconds_by_default_and_takes_milliseconds() -> None:
-    assert Settings.load(environ={}).target_ttft_ms == 2000.0
-    assert Settings.load(environ={"ATRIUM_TARGET_TTFT_MS": "500"}).target_ttft_ms == 500.0
-    for bad in ("0", "-5", "inf"):
-        with pytest.raises(SettingsError, match="target_ttft_ms"):
-            Settings.load(environ={"ATRIUM_TARGET_TTFT_MS": bad})
-
-
 def test_kv_pool_is_sized_from_free_memory_unless_bytes_are_set() -> None:
     defaults = Settings.load(environ={})
     assert (defaults.kv_cache_bytes, defaults.kv_cache_memory_fraction) == (None, None)

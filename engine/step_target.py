@@ -1,0 +1,111 @@
+"""The step-time target: how many decodes and prefill tokens fit in a step that must stay short.
+
+A step's time is modelled as ``fixed + scale × (per_decode × decodes + per_prefill × prefill
+tokens)``, with the three costs measured when the engine starts (``engine/step_calibration.py``)
+and the scale, corrected after every step, for what the model leaves out: contexts grow (a decode
+over 1,300 tokens costs a few times one over the calibration's few), the machine's load moves.
+The fixed part (reading the weights once, launching the layers) does not grow with the contexts,
+so the scale leaves it out: scaling it too took room from the rows that do grow. Every running
+request gets one token a step, so the step time is their time per output token: the scheduler
+admits a new request only while one more decode leaves a share of the step (``PREFILL_SHARE`` of
+what is not fixed) for prefill, and gives prefill chunks what the decodes leave. Under overload
+the rest wait in the admission queue, where the fair-share policy decides who goes next.
+
+Pure Python, no torch: the scheduler's tests drive it with made-up costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# The default target keeps this fraction of the decode throughput that an unbounded batch
+# would reach on the machine (see ``StepCosts.auto_target_s``).
+DEFAULT_EFFICIENCY = 0.8
+# Of a step's time beyond its fixed cost, what full batches of decodes leave for prefill chunks:
+# new requests then start within a few steps rather than at a few tokens a step.
+PREFILL_SHARE = 0.25
+# The scale moves a fraction of the way to each step's measured/modelled ratio of the rows' time
+# (the step's beyond the fixed cost): a half-life of about sixteen steps, so one slow step (a
+# page fault, another process) barely moves it.
+SCALE_SMOOTHING = 0.042
+MIN_SCALE, MAX_SCALE = 0.25, 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """Seconds a step costs: once, per decode row, per prefill (or draft) token."""
+
+    fixed_s: float
+    per_decode_s: float
+    per_prefill_token_s: float
+
+    def __post_init__(self) -> None:
+        values = (self.fixed_s, self.per_decode_s, self.per_prefill_token_s)
+        if not all(math.isfinite(v) for v in values) or self.fixed_s < 0:
+            raise ValueError("step costs must be finite and the fixed cost non-negative")
+        if self.per_decode_s <= 0 or self.per_prefill_token_s <= 0:
+            raise ValueError("per-row step costs must be positive")
+
+    def auto_target_s(self, efficiency: float = DEFAULT_EFFICIENCY) -> float:
+        """The step time at which decoding reaches ``efficiency`` of its best throughput.
+
+        ``d`` decodes a step give ``d / (fixed + per_decode·d)`` tokens a second, approaching
+        ``1 / per_decode`` as the batch grows; that fraction is reached at
+        ``d = e / (1 - e) · fixed / per_decode``, where a step takes ``fixed / (1 - e)``. A
+        machine whose steps cost mostly their fixed part (a GPU reading its weights) gets a
+        long target and large batches; one whose rows cost most (a small CPU) a short one.
+        """
+        if not 0 < efficiency < 1:
+            raise ValueError("efficiency must be between 0 and 1")
+        floor = self.fixed_s + self.per_decode_s  # one decode alone
+        return max(self.fixed_s / (1 - efficiency), floor)
+
+
+@dataclass(slots=True)
+class StepTarget:
+    """What fits within ``target_s`` a step, by the costs times the running scale."""
+
+    target_s: float
+    costs: StepCosts
+    min_prefill_tokens: int = 16  # a step always moves prefill on by this much
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.target_s > 0 or not math.isfinite(self.target_s):
+            raise ValueError("the step-time target must be a positive number of seconds")
+        if self.min_prefill_tokens <= 0:
+            raise ValueError("min_prefill_tokens must be positive")
+
+    def predict_s(self, num_decodes: int, num_prefill_tokens: int) -> float:
+        costs = self.costs
+        return costs.fixed_s + self.scale * (
+            costs.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
+        )
+
+    @property
+    def max_decodes(self) -> int:
+        """The most decodes one step holds within the target with room left for prefill (at
+        least one)."""
+        costs = self.costs
+        room = (self.target_s - costs.fixed_s) * (1 - PREFILL_SHARE)
+        return max(1, int(room / (self.scale * costs.per_decode_s)))
+
+    def prefill_budget(self, num_decodes: int) -> int:
+        """Prefill (and draft) tokens that fit beside ``num_decodes`` decodes; at least
+        ``min_prefill_tokens``, so that waiting work always moves on."""
+        room = self.target_s - self.predict_s(num_decodes, 0)
+        if room <= 0:
+            return self.min_prefill_tokens
+        per_token = self.scale * self.costs.per_prefill_token_s
+        return max(self.min_prefill_tokens, int(room / per_token))
+
+    def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
+        """Correct the scale by a step that ran ``num_decodes`` decodes and
+        ``num_prefill_tokens`` other tokens in ``seconds``."""
+        if num_decodes + num_prefill_tokens <= 0 or not seconds > 0:
+            return
+        costs = self.costs
+        rows = costs.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
+        ratio = min(max((seconds - costs.fixed_s) / rows, MIN_SCALE), MAX_SCALE)
+        self.scale += SCALE_SMOOTHING * (ratio - self.scale)
