@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -134,3 +136,24 @@ def test_random_bodies_never_give_a_server_error(
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert_error(response, response.status_code)
+
+
+def test_a_request_before_start_up_is_a_503_not_a_500(tiny_llama_dir: Path) -> None:
+    # Without the lifespan (the engines not started yet) the routes' generation service does
+    # not exist: the answer says so and asks to retry, it is never a 500.
+    runtime, _ = make_runtime(tiny_llama_dir)
+    app = create_app(gateway_settings(), engine=runtime, store=make_tenancy())
+
+    async def post() -> Any:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw.local") as client:
+            return await client.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {KEY_A}"},
+            )
+
+    response = asyncio.run(post())
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "starting"
+    assert response.headers["retry-after"] == "1"

@@ -8,8 +8,9 @@ import asyncio
 import socket
 from pathlib import Path
 
-import httpx
 import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
 
 from tests.integration.gateway_fakes import make_runtime, make_tenancy, settings
 from web.app import create_app
@@ -19,9 +20,9 @@ from web.settings import SettingsError
 PUBLIC, INTERNAL = 8000, 9000
 
 
-async def _statuses(app: object, port: int, paths: list[str]) -> dict[str, int]:
-    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-    async with httpx.AsyncClient(transport=transport, base_url=f"http://gw:{port}") as client:
+async def _statuses(app: Litestar, port: int, paths: list[str]) -> dict[str, int]:
+    # The test client runs the app's lifespan, as a server does before it takes requests.
+    async with AsyncTestClient(app=app, base_url=f"http://gw.local:{port}") as client:
         return {path: (await client.get(path)).status_code for path in paths}
 
 

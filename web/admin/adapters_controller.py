@@ -4,9 +4,11 @@ all, list, read, remove (stored in SQL, audited). Tenants then name an adapter i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from litestar import Controller, delete, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
@@ -28,18 +30,16 @@ def _service(request: AdminRequest) -> LoraAdapterService:
     return LoraAdapterService(database(request))
 
 
-def _check_folder(data: LoraAdapterCreate, request: AdminRequest) -> None:
+def _check_folder(data: LoraAdapterCreate, served_models: Any, server_role: str) -> None:
     """Refuse a folder this server cannot serve now (400), and a name the base model has (409)."""
-    generation = request.app.state.get("generation")
-    if generation is not None and generation.runtime_for(data.name) is not None:
+    if served_models is not None and served_models.runtime_for(data.name) is not None:
         raise ApiError(409, f"`{data.name}` is a served model's name.", code="conflict",
                        param="name")  # fmt: skip
     folder = Path(data.path)
     if not folder.is_absolute():
         raise ApiError(400, "path must be an absolute folder path", code="invalid_request",
                        param="path")  # fmt: skip
-    settings = request.app.state.get("settings")
-    if getattr(settings, "role", "all") == "gateway":
+    if server_role == "gateway":
         return  # the folder is on the engines' disks; each checks it when a request names it
     try:
         read_adapter_config(folder)
@@ -56,10 +56,14 @@ class LoraAdaptersController(Controller):
 
     @post("/", status_code=HTTP_201_CREATED)
     async def register(
-        self, request: AdminRequest, data: JSONBody[LoraAdapterCreate]
+        self,
+        request: AdminRequest,
+        data: JSONBody[LoraAdapterCreate],
+        served_models: NamedDependency[Any],
+        server_role: NamedDependency[str],
     ) -> LoraAdapterInfo:
         service = _service(request)
-        _check_folder(data, request)
+        _check_folder(data, served_models, server_role)
         return await service.register(data.name, data.path, data.tenant_id, actor=actor_of(request))
 
     @get("/")

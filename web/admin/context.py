@@ -1,7 +1,8 @@
 """Where admin handlers find the app's shared objects: the database, the engine, the services.
 
 Everything lives on ``app.state`` (set by ``web.app.create_app``); nothing here is a module global.
-Admin handlers take the services by dependency injection (``admin_services``).
+Admin handlers take what they need by dependency injection (``admin_dependencies``), never from
+``app.state`` themselves.
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ from tenants.public_prefixes import PublicPrefixService
 from tenants.server_secrets import load_key_secret
 from tenants.tenant_service import TenantService
 from tenants.usage_report import UsageReport
+from web.admin.engine_state import TokenRate
+from web.admin.live_metrics import LiveHistory
 from web.ops.errors import ApiError
+from web.tenancy.prefix_delivery import PrefixDelivery, delivery_of
 
 SERVICES_STATE = "admin_services"
+HISTORY_STATE = "admin_live_history"
+RATE_STATE = "admin_token_rate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,50 @@ async def provide_admin_services(request: Request[Any, Any, Any]) -> AdminServic
     return await services(request)
 
 
+async def provide_prefix_delivery(state: State) -> PrefixDelivery | None:
+    """The gateway's public-prefix delivery to its engines (None where it has none)."""
+    return delivery_of(state)
+
+
+async def provide_live_history(state: State) -> LiveHistory:
+    """The live charts' recent points, kept on the app between polls."""
+    history = state.get(HISTORY_STATE)
+    if not isinstance(history, LiveHistory):
+        history = state[HISTORY_STATE] = LiveHistory()
+    return history
+
+
+async def provide_token_rates(state: State) -> dict[str, TokenRate]:
+    """Each engine's token-rate sampler (by its URL), kept on the app between polls."""
+    rates = state.get(RATE_STATE)
+    if not isinstance(rates, dict):
+        rates = state[RATE_STATE] = {}
+    return rates
+
+
+async def provide_gateway_metrics(state: State) -> Any:
+    """The gateway's metrics (None on an app without them)."""
+    return state.get("metrics")
+
+
+async def provide_served_models(state: State) -> Any:
+    """The gateway's generation service, which knows the served models (None without one)."""
+    return state.get("generation")
+
+
+async def provide_server_role(state: State) -> str:
+    """The role this server runs in (``all``, ``gateway`` or ``engine``)."""
+    return str(getattr(state.get("settings"), "role", "all"))
+
+
 def admin_dependencies() -> dict[str, Provide]:
     """What the admin handlers take by name (the admin router registers it)."""
-    return {"admin_services": Provide(provide_admin_services)}
+    return {
+        "admin_services": Provide(provide_admin_services),
+        "prefix_delivery": Provide(provide_prefix_delivery),
+        "live_history": Provide(provide_live_history),
+        "token_rates": Provide(provide_token_rates),
+        "gateway_metrics": Provide(provide_gateway_metrics),
+        "served_models": Provide(provide_served_models),
+        "server_role": Provide(provide_server_role),
+    }

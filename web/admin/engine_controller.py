@@ -21,8 +21,6 @@ from web.admin.tenants_controller import AdminRequest
 from web.engine_api.fleet import EngineView
 from web.ops.errors import ApiError
 
-RATE_STATE = "admin_token_rate"
-
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
@@ -35,11 +33,8 @@ def _running_engine(request: AdminRequest) -> Any:
     return found
 
 
-def _rate(request: AdminRequest, key: str) -> TokenRate:
+def _rate(rates: dict[str, TokenRate], key: str) -> TokenRate:
     """The token-rate sampler of one engine (``key``), kept on the app between polls."""
-    rates = request.app.state.get(RATE_STATE)
-    if not isinstance(rates, dict):
-        rates = request.app.state[RATE_STATE] = {}
     rate = rates.get(key)
     if not isinstance(rate, TokenRate):
         rate = rates[key] = TokenRate()
@@ -48,7 +43,9 @@ def _rate(request: AdminRequest, key: str) -> TokenRate:
 
 @get("/engine", tags=["admin"])
 async def engine_status(
-    request: AdminRequest, admin_services: NamedDependency[AdminServices]
+    request: AdminRequest,
+    admin_services: NamedDependency[AdminServices],
+    token_rates: NamedDependency[dict[str, TokenRate]],
 ) -> EngineState:
     """Every engine this gateway sends to: its own process, or those behind its engine URL
     (the router's worker list, polled now), each listed and all of them summed."""
@@ -68,7 +65,7 @@ async def engine_status(
             view.url,
             view.healthy,
             view.snapshot,
-            _rate(request, view.url).sample(processed_tokens(view.snapshot)),
+            _rate(token_rates, view.url).sample(processed_tokens(view.snapshot)),
             names,
         )
         for view in views

@@ -24,18 +24,9 @@ from web.admin.live_metrics import (
 from web.admin.tenants_controller import AdminRequest
 from web.ops.errors import ApiError
 
-HISTORY_STATE = "admin_live_history"
 
-
-def _history(request: AdminRequest) -> LiveHistory:
-    history = request.app.state.get(HISTORY_STATE)
-    if not isinstance(history, LiveHistory):
-        history = request.app.state[HISTORY_STATE] = LiveHistory()
-    return history
-
-
-def _registry(request: AdminRequest) -> CollectorRegistry | None:
-    registry = getattr(request.app.state.get("metrics"), "registry", None)
+def _registry(metrics: object) -> CollectorRegistry | None:
+    registry = getattr(metrics, "registry", None)
     return registry if isinstance(registry, CollectorRegistry) else None
 
 
@@ -54,6 +45,8 @@ async def _snapshot(request: AdminRequest) -> EngineSnapshot | None:
 async def live_metrics(
     request: AdminRequest,
     admin_services: NamedDependency[AdminServices],
+    live_history: NamedDependency[LiveHistory],
+    gateway_metrics: NamedDependency[Any],
     since: FromQuery[datetime | None] = None,
 ) -> LiveMetrics:
     """Tokens/s, TTFT and ITL p50/p99, running, waiting and KV pages per tenant, and refusals
@@ -62,8 +55,8 @@ async def live_metrics(
         raise ApiError(
             400, "since must carry a timezone (e.g. Z).", code="invalid_request", param="since"
         )
-    history = _history(request)
-    latest = history.add(read(_registry(request), await _snapshot(request)))
+    history = live_history
+    latest = history.add(read(_registry(gateway_metrics), await _snapshot(request)))
     tenants = await admin_services.tenants.list_tenants(include_deleted=True)
     return LiveMetrics(
         interval_s=MIN_INTERVAL_S,

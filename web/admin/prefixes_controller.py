@@ -17,7 +17,7 @@ from tenants.public_prefixes import PublicPrefixInfo
 from web.admin.context import AdminServices
 from web.admin.schemas import PublicPrefix, PublicPrefixCreate
 from web.admin.tenants_controller import AdminRequest, actor_of
-from web.tenancy.prefix_delivery import PrefixDelivery, delivery_of
+from web.tenancy.prefix_delivery import PrefixDelivery
 
 log = structlog.get_logger("atrium.admin")
 
@@ -56,9 +56,10 @@ class PublicPrefixesController(Controller):
         self,
         request: AdminRequest,
         admin_services: NamedDependency[AdminServices],
+        prefix_delivery: NamedDependency[PrefixDelivery | None],
         data: JSONBody[PublicPrefixCreate],
     ) -> PublicPrefix:
-        delivery = delivery_of(request.app.state)
+        delivery = prefix_delivery
         if delivery is not None:
             await delivery.check(data.text)
         svc = admin_services
@@ -71,11 +72,12 @@ class PublicPrefixesController(Controller):
         self,
         request: AdminRequest,
         admin_services: NamedDependency[AdminServices],
+        prefix_delivery: NamedDependency[PrefixDelivery | None],
         include_unpublished: FromQuery[bool] = False,
     ) -> list[PublicPrefix]:
         svc = admin_services
         found = await svc.public_prefixes.list_prefixes(include_unpublished=include_unpublished)
-        delivery = delivery_of(request.app.state)
+        delivery = prefix_delivery
         return [_view(info, delivery) for info in found]
 
     @get("/{prefix_id:str}")
@@ -83,20 +85,22 @@ class PublicPrefixesController(Controller):
         self,
         request: AdminRequest,
         admin_services: NamedDependency[AdminServices],
+        prefix_delivery: NamedDependency[PrefixDelivery | None],
         prefix_id: FromPath[str],
     ) -> PublicPrefix:
         info = await admin_services.public_prefixes.get(prefix_id)
-        return _view(info, delivery_of(request.app.state))
+        return _view(info, prefix_delivery)
 
     @delete("/{prefix_id:str}", status_code=HTTP_200_OK)
     async def unpublish(
         self,
         request: AdminRequest,
         admin_services: NamedDependency[AdminServices],
+        prefix_delivery: NamedDependency[PrefixDelivery | None],
         prefix_id: FromPath[str],
     ) -> PublicPrefix:
         svc = admin_services
         info = await svc.public_prefixes.unpublish(prefix_id, actor=actor_of(request))
-        delivery = delivery_of(request.app.state)
+        delivery = prefix_delivery
         await _deliver(delivery)
         return _view(info, delivery)

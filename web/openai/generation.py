@@ -675,5 +675,9 @@ def _choices(
 
 async def provide_generation(state: State) -> GenerationService:
     """The app's generation service, for Litestar's dependency injection (``generation``)."""
-    service: GenerationService = state.generation
+    service: GenerationService | None = state.get("generation")
+    if service is None:  # asked before the lifespan has started the engines
+        raise ApiError(
+            503, "The server is starting.", code="starting", headers={"Retry-After": "1"}
+        )
     return service

@@ -18,6 +18,7 @@ import msgspec
 import structlog
 from litestar import Request, Response, Router, get
 from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
 
 from engine.errors import EngineDeadError
@@ -71,8 +72,10 @@ def _quoted(version: str) -> str:
 
 
 @get(FEED_PATH, include_in_schema=False)
-async def published_prefixes(request: Request[Any, Any, Any]) -> Response[Any]:
-    domain = request.app.state.get("tenant_domain")
+async def published_prefixes(
+    request: Request[Any, Any, Any], tenant_domain: NamedDependency[TenantDomain | None]
+) -> Response[Any]:
+    domain = tenant_domain
     if not isinstance(domain, TenantDomain):
         raise ApiError(503, "This gateway has no database.", code="database_unavailable")
     published = await domain.public_prefixes.published()
