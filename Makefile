@@ -30,7 +30,7 @@ typecheck: $(STAMP)
 # than cores pay. A module's tests stay on one worker (loadscope), so its module-scoped fixtures
 # (served models, started gateways, Chromium) are built once, as in a serial run. (loadgroup
 # would be finer but xdist 3.8's grouping is a no-op on pytest 9.2: pytest-xdist#1386.) Modules
-# go out in collection order, which tests/conftest.py sorts: modules with a slow test first.
+# go out in collection order, so the long browser and e2e ones start first, not last.
 PYTEST_WORKERS ?= 3
 XDIST := -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 

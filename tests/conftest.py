@@ -49,13 +49,3 @@ def default_model_fp32() -> LoadedModel:
     from engine.model.loader import load_model
 
     return load_model("default", dtype=torch.float32)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules holding a ``slow`` test run first, the rest after, each group in file order.
-
-    `make test` hands whole modules to its xdist workers in this order; a long module handed out
-    last would be the run's tail while the other workers sit idle.
-    """
-    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)
