@@ -15,6 +15,7 @@ from tenants.self_usage import SelfUsage, Statement
 from tenants.spend import SpendRow
 from tenants.timeutil import month_period
 from web.admin.context import batch_store_of, database, refusal_log_of, services
+from web.admin.spend_controller import BATCH_STATUSES
 from web.admin.session import current_session
 from web.console.pages import ConsoleRequest, page
 from web.console.render import ROOT
@@ -153,10 +154,8 @@ async def tenant_page(request: ConsoleRequest, tenant_id: FromPath[str]) -> Resp
     by_model: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for row in rows:
         sums = by_model[(row.model, row.currency)]
-        for i, value in enumerate(
-            (row.requests, row.failed, row.prompt_tokens, row.cached_tokens)
-            + (row.completion_tokens, row.cost_micros)
-        ):
+        values = (row.requests, row.failed, row.prompt_tokens, row.cached_tokens)
+        for i, value in enumerate((*values, row.completion_tokens, row.cost_micros)):
             sums[i] += value
     log = refusal_log_of(request.app.state)
     store = batch_store_of(request.app.state)
@@ -240,15 +239,6 @@ async def batches_page(
         batches=found,
         tenant_id=tenant_id or "",
         status=status or "",
-        statuses=(
-            "validating",
-            "in_progress",
-            "finalizing",
-            "completed",
-            "failed",
-            "expired",
-            "cancelling",
-            "cancelled",
-        ),  # fmt: skip
+        statuses=sorted(BATCH_STATUSES),
         database=store is not None,
     )
