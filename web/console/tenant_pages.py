@@ -15,8 +15,8 @@ from tenants.self_usage import SelfUsage, Statement
 from tenants.spend import SpendRow
 from tenants.timeutil import month_period
 from web.admin.context import batch_store_of, database, refusal_log_of, services
-from web.admin.spend_controller import BATCH_STATUSES
 from web.admin.session import current_session
+from web.admin.spend_controller import BATCH_STATUSES
 from web.console.pages import ConsoleRequest, page
 from web.console.render import ROOT
 
