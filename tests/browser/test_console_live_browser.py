@@ -8,12 +8,14 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
+from litestar import Litestar
 from PIL import Image
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -22,9 +24,10 @@ from radix_cache.stats import NamespaceSnapshot
 from tests.browser.console_flow import shot
 from tests.browser.test_admin_console_browser import free_port, in_thread
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
-from web.admin.live_metrics import ITL_FAMILY, TTFT_FAMILY
+from web.admin.live_metrics import ITL_FAMILY, MIN_INTERVAL_S, TTFT_FAMILY
 from web.engine_api.fleet import EngineView
 from web.ops.metrics import LATENCY_BUCKETS
+from web.ops.refusals import RefusalLog
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 BLUE = (0x30, 0x56, 0xD3)  # the first line colour of every chart (console/live.js)
@@ -105,11 +108,23 @@ class Metrics:
             self.refusals.labels(str(status), reason).inc()
 
 
+@dataclass
+class Generation:
+    """What the console reads of a gateway's generation service: its refusal log."""
+
+    refusals: RefusalLog
+
+
 class Console:
-    def __init__(self, base_url: str, metrics: Metrics) -> None:
+    def __init__(
+        self, base_url: str, metrics: Metrics, app: Litestar, url: str, refusals: RefusalLog
+    ) -> None:
         self.base_url = base_url
         self.root = f"{base_url}/admin/"
         self.metrics = metrics
+        self.app = app
+        self.url = url
+        self.refusals = refusals
         self.api = httpx.Client(
             base_url=f"{base_url}/admin/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
         )
@@ -123,7 +138,14 @@ def console(tmp_path: Path) -> Iterator[Console]:
     traffic = Traffic()
     engines = TwoEngines(["pending", "pending"])
     metrics = Metrics(traffic)
-    app = build_admin_app(url, engine=engines, metrics=metrics)
+    refusals = RefusalLog()
+    app = build_admin_app(
+        url,
+        engine=engines,
+        metrics=metrics,
+        generation=Generation(refusals),
+        live_sample_s=MIN_INTERVAL_S,
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -131,7 +153,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the admin app did not start"
         time.sleep(0.05)
-    found = Console(base_url, metrics)
+    found = Console(base_url, metrics, app, url, refusals)
     try:
         engines.tenant_ids = [
             found.api.post("/tenants", json={"name": name}).json()["id"]
@@ -198,7 +220,7 @@ def test_live_charts_draw_each_series_and_say_which_is_missing(
     assert queue == ["acme running", "globex running", "acme waiting"]
     legend = page.evaluate("Chart.getChart(document.querySelector('#live-kv canvas')).data")
     assert [d["label"] for d in legend["datasets"]] == ["acme", "globex"]  # by name, busiest first
-    assert legend["datasets"][0]["data"][-1] == 150
+    assert legend["datasets"][0]["data"][-1]["y"] == 150
     # No refusal counter in this server's registry: an empty chart that says so.
     refusals = page.locator("#live-refusals")
     assert refusals.get_attribute("data-state") == "missing"
@@ -220,7 +242,7 @@ def test_live_charts_draw_each_series_and_say_which_is_missing(
         page.wait_for_selector('#live-refusals[data-state="data"]', timeout=10_000)
         page.wait_for_function(  # a line needs two points
             "Chart.getChart(document.querySelector('#live-refusals canvas'))"
-            ".data.datasets[0].data.filter((v) => v > 0).length >= 2",
+            ".data.datasets[0].data.filter((v) => v.y > 0).length >= 2",
             timeout=10_000,
         )
     finally:
@@ -293,9 +315,10 @@ def test_keys_expiry_and_rotation(page: Any, console: Console, artifacts: Path) 
     page.goto(f"{console.root}keys?tenant_id={tenant['id']}")
     row = page.locator(f'tr[data-key-id="{issued["id"]}"]')
     assert row.locator('[data-field="expires"]').inner_text() == "never"
-    row.locator("details.edit summary").click()
-    row.locator('.key-expiry input[name="expires_at"]').fill("2031-05-06T07:08")
-    row.locator('.key-expiry button[type="submit"]').click()
+    row.locator("button.manage").click()
+    dialog = page.locator(f"#manage-{issued['id']}")
+    dialog.locator('.key-expiry input[name="expires_at"]').fill("2031-05-06T07:08")
+    dialog.locator('form.key-edit button[type="submit"]').click()
     page.wait_for_selector(f'tr[data-key-id="{issued["id"]}"] td:text("2031-05-06 07:08 UTC")')
     assert (
         console.api.get(f"/keys/{issued['id']}")
@@ -303,10 +326,10 @@ def test_keys_expiry_and_rotation(page: Any, console: Console, artifacts: Path) 
         .startswith("2031-05-06T07:08:00")
     )
 
-    row = page.locator(f'tr[data-key-id="{issued["id"]}"]')
-    row.locator("details.edit summary").click()
-    row.locator('.key-rotate input[name="overlap_seconds"]').fill("2")
-    row.locator('.key-rotate button[type="submit"]').click()
+    page.locator(f'tr[data-key-id="{issued["id"]}"] button.manage').click()
+    dialog = page.locator(f"#manage-{issued['id']}")
+    dialog.locator('.key-rotate input[name="overlap_seconds"]').fill("2")
+    dialog.locator('.key-rotate button[type="submit"]').click()
     page.wait_for_selector("#secret-box:not([hidden])")
     new_key = page.inner_text("#secret-value").strip()
     assert new_key.startswith("sk-")

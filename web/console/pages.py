@@ -55,11 +55,15 @@ async def prefixes_page(request: ConsoleRequest) -> Response[Any]:
 
 
 @get("/usage")
-async def usage_page(request: ConsoleRequest) -> Response[Any]:
+async def usage_page(
+    request: ConsoleRequest, tenant_id: FromQuery[str | None] = None
+) -> Response[Any]:
     if await current_session(request) is None:
         return Redirect(ROOT, status_code=303)
     tenants = await (await services(request)).tenants.list_tenants(include_deleted=True)
-    return await page(request, "usage.html", "usage", "Usage", tenants=tenants)
+    return await page(
+        request, "usage.html", "usage", "Usage", tenants=tenants, selected=tenant_id or ""
+    )
 
 
 @get("/billing")
