@@ -87,7 +87,7 @@ def limits(statement: Statement) -> list[Limit]:
             rate.in_flight,
             rate.max_concurrent_requests,
             "count",
-            "running",
+            "running now",
         ),
         Limit(
             "monthly_token_budget",
