@@ -396,7 +396,7 @@ def seed_spend(console: Console, tenant_id: str, key_id: str, batch: bool) -> st
                     finished_at=now,
                     charge_budget=True,
                     batch_id=batch_id if n == 0 else None,
-                )  # fmt: skip
+                )
                 for n in range(2)
             ]
             await UsageStore(db).write(events)
