@@ -468,8 +468,14 @@ def test_money_limits_batches_and_a_layout_that_never_scrolls_sideways(
     names = page.eval_on_selector_all(
         "#tenant-limits tr[data-limit]", "rs => rs.map(r => r.dataset.limit)"
     )
-    assert names == ["requests_per_minute", "tokens_per_minute", "max_concurrent_requests",
-                     "monthly_token_budget", "monthly_cost_budget", "max_prompt_tokens"]  # fmt: skip
+    assert names == [
+        "requests_per_minute",
+        "tokens_per_minute",
+        "max_concurrent_requests",
+        "monthly_token_budget",
+        "monthly_cost_budget",
+        "max_prompt_tokens",
+    ]
     spent = page.locator('#tenant-limits [data-meter="monthly_token_budget"]')
     assert spent.get_attribute("data-state") == "spent"
     rpm = page.locator('#tenant-limits [data-meter="requests_per_minute"]')
