@@ -29,7 +29,15 @@ from tenants.errors import (
 )
 from tenants.key_policy import is_live
 from tenants.key_rows import auth_context
-from tenants.models import ApiKey, BatchFile, BatchLineRow, BatchRow, GatewayLease, Tenant
+from tenants.models import (
+    ApiKey,
+    BatchFile,
+    BatchLineRow,
+    BatchRow,
+    GatewayLease,
+    Tenant,
+    UsageEventRow,
+)
 from tenants.schemas import AuthContext
 from tenants.timeutil import Clock, utc_now
 
@@ -43,6 +51,18 @@ class RequestCounts(msgspec.Struct, frozen=True):
     total: int = 0
     completed: int = 0
     failed: int = 0
+
+
+class BatchUsage(msgspec.Struct, frozen=True):
+    """Tokens the batch's lines used so far, every attempt counted (as they were metered)."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
 
 
 class BatchInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +86,7 @@ class BatchInfo(msgspec.Struct, frozen=True, kw_only=True):
     cancelling_at: datetime | None
     cancelled_at: datetime | None
     request_counts: RequestCounts
+    usage: BatchUsage = BatchUsage()
 
 
 class ClaimedLine(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,7 +204,8 @@ class BatchStore:
             if row is None or row.tenant_id != tenant_id:
                 raise NotFoundError(f"No such batch: {batch_id}")
             counts = await self._counts(session, [row.id])
-        return _info(row, counts.get(row.id, RequestCounts()))
+            usage = await self._usage(session, [row])
+        return _info(row, counts.get(row.id, RequestCounts()), usage.get(row.id))
 
     async def list_batches(
         self, tenant_id: str, *, limit: int, after: str | None
@@ -201,8 +223,26 @@ class BatchStore:
                 )
             stmt = stmt.order_by(BatchRow.created_at.desc(), BatchRow.id.desc()).limit(limit)
             rows = list(await session.scalars(stmt))
-            counts = await self._counts(session, [row.id for row in rows])
-        return [_info(row, counts.get(row.id, RequestCounts())) for row in rows]
+            return await self._infos(session, rows)
+
+    async def recent(
+        self, *, limit: int, tenant_id: str | None = None, statuses: Sequence[str] = ()
+    ) -> list[BatchInfo]:
+        """Every tenant's batches (or one tenant's), newest first, for operators."""
+        stmt = select(BatchRow)
+        if tenant_id is not None:
+            stmt = stmt.where(BatchRow.tenant_id == tenant_id)
+        if statuses:
+            stmt = stmt.where(BatchRow.status.in_(list(statuses)))
+        stmt = stmt.order_by(BatchRow.created_at.desc(), BatchRow.id.desc()).limit(limit)
+        async with self._db.sessions() as session:
+            rows = list(await session.scalars(stmt))
+            return await self._infos(session, rows)
+
+    async def _infos(self, session: Any, rows: list[BatchRow]) -> list[BatchInfo]:
+        counts = await self._counts(session, [row.id for row in rows])
+        usage = await self._usage(session, rows)
+        return [_info(row, counts.get(row.id, RequestCounts()), usage.get(row.id)) for row in rows]
 
     async def cancel(self, tenant_id: str, batch_id: str) -> BatchInfo:
         """``cancelling`` now; lines not yet started never start, running ones end first."""
@@ -510,8 +550,33 @@ class BatchStore:
             for batch_id, by in sums.items()
         }
 
+    async def _usage(self, session: Any, rows: Sequence[BatchRow]) -> dict[str, BatchUsage]:
+        """The usage events of ``rows``' lines, summed per batch. Read through the events'
+        (tenant, started_at) index: a line starts after its batch was created."""
+        if not rows:
+            return {}
+        ev = UsageEventRow
+        stmt = (
+            select(
+                ev.batch_id,
+                func.sum(ev.prompt_tokens),
+                func.sum(ev.cached_tokens),
+                func.sum(ev.completion_tokens),
+            )
+            .where(
+                ev.tenant_id.in_(sorted({row.tenant_id for row in rows})),
+                ev.started_at >= min(row.created_at for row in rows),
+                ev.batch_id.in_([row.id for row in rows]),
+            )
+            .group_by(ev.batch_id)
+        )
+        return {
+            batch_id: BatchUsage(int(prompt or 0), int(cached or 0), int(completion or 0))
+            for batch_id, prompt, cached, completion in await session.execute(stmt)
+        }
 
-def _info(row: BatchRow, counts: RequestCounts) -> BatchInfo:
+
+def _info(row: BatchRow, counts: RequestCounts, usage: BatchUsage | None = None) -> BatchInfo:
     return BatchInfo(
         id=row.id,
         tenant_id=row.tenant_id,
@@ -533,7 +598,16 @@ def _info(row: BatchRow, counts: RequestCounts) -> BatchInfo:
         cancelling_at=row.cancelling_at,
         cancelled_at=row.cancelled_at,
         request_counts=counts,
+        usage=usage or BatchUsage(),
     )
 
 
-__all__ = ["FINAL", "BatchInfo", "BatchStore", "ClaimedLine", "FileInfo", "RequestCounts"]
+__all__ = [
+    "FINAL",
+    "BatchInfo",
+    "BatchStore",
+    "BatchUsage",
+    "ClaimedLine",
+    "FileInfo",
+    "RequestCounts",
+]

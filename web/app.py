@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from engine.heap import frozen_startup
 from tenants.database import DEFAULT_POOL_SIZE
 from tenants.server_secrets import ensure_admin_token
+from web.admin.live_sampler import start_live_sampler
 from web.engine_api import create_engine_app
 from web.engine_api.gateway import follow_engines, remote_runtimes
 from web.engine_api.local import EngineGroup, load_runtimes
@@ -149,6 +150,8 @@ def create_app(
             delivery = await start_prefix_delivery(app.state, runtime)
             if delivery is not None:
                 closers.append(delivery.stop)
+            if admin:  # the console's live charts: the last hour, whether a console is open or not
+                closers.append(await start_live_sampler(app.state))
             for served in runtimes:
                 log.info("gateway_ready", model=served.name, max_model_len=served.max_model_len)
             with frozen_startup():  # full collections skip what start-up built

@@ -3,28 +3,42 @@ the admin app with a fake fleet of two engines and a registry fed by a traffic t
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
 import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import uvicorn
+from litestar import Litestar
 from PIL import Image
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.stats import EngineSnapshot, EngineStats
 from radix_cache.stats import NamespaceSnapshot
+from tenants.batch_files import FileService
+from tenants.batch_store import BatchStore
+from tenants.database import Database
+from tenants.errors import QuotaExceededError
+from tenants.records import UsageEvent
+from tenants.usage_store import UsageStore
 from tests.browser.console_flow import shot
 from tests.browser.test_admin_console_browser import free_port, in_thread
 from tests.integration.test_admin_app import ADMIN_TOKEN, build_admin_app, migrated_sqlite
-from web.admin.live_metrics import ITL_FAMILY, TTFT_FAMILY
+from web.admin.context import live_history_of
+from web.admin.live_metrics import ITL_FAMILY, MIN_INTERVAL_S, TTFT_FAMILY
 from web.engine_api.fleet import EngineView
 from web.ops.metrics import LATENCY_BUCKETS
+from web.ops.refusals import RefusalLog
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 BLUE = (0x30, 0x56, 0xD3)  # the first line colour of every chart (console/live.js)
@@ -71,12 +85,16 @@ class TwoEngines:
 
 
 class Traffic:
-    """Observes first-token and inter-token latencies on its own thread until stopped."""
+    """Observes first-token and inter-token latencies and finished requests (one in ten an
+    error) on its own thread until stopped."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.ttft = Histogram(TTFT_FAMILY, "TTFT", buckets=LATENCY_BUCKETS, registry=self.registry)
         self.itl = Histogram(ITL_FAMILY, "ITL", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "atrium_requests", "Requests", ["endpoint", "status"], registry=self.registry
+        )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -85,6 +103,7 @@ class Traffic:
         while not self.stop.wait(0.05):
             self.ttft.observe(rng.uniform(0.05, 0.4))
             self.itl.observe(rng.uniform(0.01, 0.06))
+            self.requests.labels("chat", "ok" if rng.random() < 0.9 else "error").inc()
 
 
 class Metrics:
@@ -105,11 +124,23 @@ class Metrics:
             self.refusals.labels(str(status), reason).inc()
 
 
+@dataclass
+class Generation:
+    """What the console reads of a gateway's generation service: its refusal log."""
+
+    refusals: RefusalLog
+
+
 class Console:
-    def __init__(self, base_url: str, metrics: Metrics) -> None:
+    def __init__(
+        self, base_url: str, metrics: Metrics, app: Litestar, url: str, refusals: RefusalLog
+    ) -> None:
         self.base_url = base_url
         self.root = f"{base_url}/admin/"
         self.metrics = metrics
+        self.app = app
+        self.url = url
+        self.refusals = refusals
         self.api = httpx.Client(
             base_url=f"{base_url}/admin/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
         )
@@ -123,7 +154,14 @@ def console(tmp_path: Path) -> Iterator[Console]:
     traffic = Traffic()
     engines = TwoEngines(["pending", "pending"])
     metrics = Metrics(traffic)
-    app = build_admin_app(url, engine=engines, metrics=metrics)
+    refusals = RefusalLog()
+    app = build_admin_app(
+        url,
+        engine=engines,
+        metrics=metrics,
+        generation=Generation(refusals),
+        live_sample_s=MIN_INTERVAL_S,
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -131,7 +169,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the admin app did not start"
         time.sleep(0.05)
-    found = Console(base_url, metrics)
+    found = Console(base_url, metrics, app, url, refusals)
     try:
         engines.tenant_ids = [
             found.api.post("/tenants", json={"name": name}).json()["id"]
@@ -166,10 +204,10 @@ def _count(image: Image.Image, colour: tuple[int, int, int]) -> int:
     )
 
 
-def plotted_pixels(page: Any, chart: str) -> int:
+def plotted_pixels(page: Any, chart: str, prefix: str = "live") -> int:
     """Line-coloured pixels inside the plot area of a chart's canvas screenshot (the legend's
     colour boxes lie outside it and do not count)."""
-    canvas = page.locator(f"#live-{chart} canvas")
+    canvas = page.locator(f"#{prefix}-{chart} canvas")
     area = page.evaluate(
         "(c) => { const a = Chart.getChart(c).chartArea;"
         " return [a.left, a.top, a.right, a.bottom].map(Math.round); }",
@@ -198,7 +236,7 @@ def test_live_charts_draw_each_series_and_say_which_is_missing(
     assert queue == ["acme running", "globex running", "acme waiting"]
     legend = page.evaluate("Chart.getChart(document.querySelector('#live-kv canvas')).data")
     assert [d["label"] for d in legend["datasets"]] == ["acme", "globex"]  # by name, busiest first
-    assert legend["datasets"][0]["data"][-1] == 150
+    assert legend["datasets"][0]["data"][-1]["y"] == 150
     # No refusal counter in this server's registry: an empty chart that says so.
     refusals = page.locator("#live-refusals")
     assert refusals.get_attribute("data-state") == "missing"
@@ -220,7 +258,7 @@ def test_live_charts_draw_each_series_and_say_which_is_missing(
         page.wait_for_selector('#live-refusals[data-state="data"]', timeout=10_000)
         page.wait_for_function(  # a line needs two points
             "Chart.getChart(document.querySelector('#live-refusals canvas'))"
-            ".data.datasets[0].data.filter((v) => v > 0).length >= 2",
+            ".data.datasets[0].data.filter((v) => v.y > 0).length >= 2",
             timeout=10_000,
         )
     finally:
@@ -293,9 +331,10 @@ def test_keys_expiry_and_rotation(page: Any, console: Console, artifacts: Path) 
     page.goto(f"{console.root}keys?tenant_id={tenant['id']}")
     row = page.locator(f'tr[data-key-id="{issued["id"]}"]')
     assert row.locator('[data-field="expires"]').inner_text() == "never"
-    row.locator("details.edit summary").click()
-    row.locator('.key-expiry input[name="expires_at"]').fill("2031-05-06T07:08")
-    row.locator('.key-expiry button[type="submit"]').click()
+    row.locator("button.manage").click()
+    dialog = page.locator(f"#manage-{issued['id']}")
+    dialog.locator('.key-expiry input[name="expires_at"]').fill("2031-05-06T07:08")
+    dialog.locator('form.key-edit button[type="submit"]').click()
     page.wait_for_selector(f'tr[data-key-id="{issued["id"]}"] td:text("2031-05-06 07:08 UTC")')
     assert (
         console.api.get(f"/keys/{issued['id']}")
@@ -303,10 +342,10 @@ def test_keys_expiry_and_rotation(page: Any, console: Console, artifacts: Path) 
         .startswith("2031-05-06T07:08:00")
     )
 
-    row = page.locator(f'tr[data-key-id="{issued["id"]}"]')
-    row.locator("details.edit summary").click()
-    row.locator('.key-rotate input[name="overlap_seconds"]').fill("2")
-    row.locator('.key-rotate button[type="submit"]').click()
+    page.locator(f'tr[data-key-id="{issued["id"]}"] button.manage').click()
+    dialog = page.locator(f"#manage-{issued['id']}")
+    dialog.locator('.key-rotate input[name="overlap_seconds"]').fill("2")
+    dialog.locator('.key-rotate button[type="submit"]').click()
     page.wait_for_selector("#secret-box:not([hidden])")
     new_key = page.inner_text("#secret-value").strip()
     assert new_key.startswith("sk-")
@@ -318,3 +357,206 @@ def test_keys_expiry_and_rotation(page: Any, console: Console, artifacts: Path) 
     stored = console.api.get(f"/keys/{issued['id']}").json()
     assert stored["replaced_by"] is not None and stored["expires_at"] is not None
     shot(page, artifacts, "06-key-rotated")
+
+
+PAGES = ("", "live", "engines", "tenants", "keys", "batches", "prefixes", "usage", "billing",
+         "audit")  # fmt: skip
+WIDTHS = (1366, 420)
+
+
+def seed_spend(console: Console, tenant_id: str, key_id: str, batch: bool) -> str | None:
+    """120 tokens of the acme's budget used (metered), a batch with usage, ten refusals."""
+
+    async def run() -> str | None:
+        db = await Database.connect(console.url)
+        try:
+            batch_id = None
+            if batch:
+                line = {"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions",
+                        "body": {"model": "tiny-model", "messages": []}}  # fmt: skip
+                content = (json.dumps(line) + "\n").encode()
+                upload = await FileService(db).upload(tenant_id, "in.jsonl", content, max_lines=9)
+                created = await BatchStore(db).create(
+                    tenant_id, key_id, input_file_id=upload.id, endpoint="/v1/chat/completions",
+                    completion_window="24h", max_lines=9,
+                )  # fmt: skip
+                batch_id = created.id
+            now = datetime.now(UTC)
+            events = [
+                UsageEvent(
+                    request_id=f"req-{n}",
+                    tenant_id=tenant_id,
+                    key_id=key_id,
+                    model="tiny-model",
+                    prompt_tokens=50,
+                    cached_tokens=10,
+                    completion_tokens=10,
+                    status="ok",
+                    started_at=now,
+                    finished_at=now,
+                    charge_budget=True,
+                    batch_id=batch_id if n == 0 else None,
+                )
+                for n in range(2)
+            ]
+            await UsageStore(db).write(events)
+            return batch_id
+        finally:
+            await db.close()
+
+    batch_id = in_thread(lambda: asyncio.run(run()))
+    for _ in range(10):
+        console.refusals.record(
+            tenant_id,
+            key_id,
+            QuotaExceededError(
+                "monthly token budget exhausted", reason="monthly_token_budget", retry_after_s=9.0
+            ),
+        )
+    return batch_id
+
+
+def no_sideways_scroll(page: Any, where: str) -> None:
+    widths = page.evaluate(
+        "[document.documentElement.scrollWidth, window.innerWidth, document.body.scrollWidth]"
+    )
+    assert widths[0] <= widths[1] and widths[2] <= widths[1], f"{where}: {widths}"
+
+
+def test_money_limits_batches_and_a_layout_that_never_scrolls_sideways(
+    page: Any, console: Console, artifacts: Path
+) -> None:
+    api = console.api
+    acme = next(t for t in api.get("/tenants").json() if t["name"] == "acme")
+    quotas = {"monthly_token_budget": 120, "requests_per_minute": 50}
+    api.patch(f"/tenants/{acme['id']}", json={"quotas": quotas}).raise_for_status()
+    key = api.post(f"/tenants/{acme['id']}/keys", json={"name": "web"}).json()
+    price = {"input_per_million": 1_000_000, "cached_input_per_million": 0,
+             "output_per_million": 2_000_000, "effective_from": "2020-01-01T00:00:00Z"}  # fmt: skip
+    api.put("/prices/tiny-model", json=price).raise_for_status()
+    batch_id = seed_spend(console, acme["id"], key["id"], batch=True)
+    sign_in(page, console)
+    page.set_viewport_size({"width": 1366, "height": 900})
+
+    # Tenants: the spent budget in red with what is left, the spend, the refusals.
+    page.goto(console.root + "tenants")
+    row = page.locator(f'tr[data-tenant-id="{acme["id"]}"]')
+    budget = row.locator('[data-meter="monthly_token_budget"]')
+    assert budget.get_attribute("data-state") == "spent"
+    assert "120 / 120 tokens" in budget.inner_text() and "0 left" in budget.inner_text()
+    assert (
+        row.locator('[data-field="spend"]').inner_text() == "0.00012 USD"
+    )  # 80 uncached in at 1, 20 out at 2
+    assert row.locator('[data-field="refusals"]').inner_text() == "10"
+    # Edit opens a dialog over the page: the table keeps its size, the page its width.
+    height = row.bounding_box()["height"]
+    row.locator('button[data-open^="edit-"]').click()
+    dialog = page.locator(f"#edit-{acme['id']}")
+    assert dialog.is_visible() and row.bounding_box()["height"] == height
+    no_sideways_scroll(page, "tenant dialog")
+    shot(page, artifacts, "07-tenant-edit-dialog")
+    dialog.locator('input[name="quotas.monthly_cost_budget"]').fill("2.5")
+    dialog.locator('button[type="submit"]:not(.danger)').click()
+    page.wait_for_selector(
+        f'tr[data-tenant-id="{acme["id"]}"] [data-meter="monthly_cost_budget"][data-limit]'
+    )
+    assert api.get(f"/tenants/{acme['id']}").json()["quotas"]["monthly_cost_budget"] == 2_500_000
+
+    # The tenant's page: every limit used and left, spend, keys, refusals, batches.
+    row.locator("a.tenant-link").click()
+    page.wait_for_selector("#tenant-limits")
+    names = page.eval_on_selector_all(
+        "#tenant-limits tr[data-limit]", "rs => rs.map(r => r.dataset.limit)"
+    )
+    assert names == [
+        "requests_per_minute",
+        "tokens_per_minute",
+        "max_concurrent_requests",
+        "monthly_token_budget",
+        "monthly_cost_budget",
+        "max_prompt_tokens",
+    ]
+    spent = page.locator('#tenant-limits [data-meter="monthly_token_budget"]')
+    assert spent.get_attribute("data-state") == "spent"
+    rpm = page.locator('#tenant-limits [data-meter="requests_per_minute"]')
+    assert rpm.get_attribute("data-limit") == "50" and "50 left" in rpm.inner_text()
+    assert page.inner_text("#tenant-spend-total") == "0.00012 USD"
+    assert "tiny-model" in page.inner_text("#tenant-models")
+    assert "web" in page.inner_text("#tenant-keys")
+    assert "monthly_token_budget: 10" in page.inner_text("#refusal-totals")
+    assert page.locator("#refusals-table tbody tr").count() == 10
+    batch_row = page.locator(f'#tenant-batches tr[data-batch-id="{batch_id}"]')
+    assert batch_row.locator(".progress").get_attribute("data-total") == "1"
+    shot(page, artifacts, "08-tenant-page")
+
+    # Keys: the whole key the admin API accepts.
+    page.goto(f"{console.root}keys?tenant_id={acme['id']}")
+    form = page.locator("#key-issue")
+    form.locator('input[name="name"]').fill("batch-only")
+    form.locator('input[value="usage:read"]').uncheck()
+    form.locator('input[name="models"]').fill("tiny-model")
+    form.locator('input[name="requests_per_minute"]').fill("7")
+    form.locator('input[name="expires_at"]').fill("2031-01-02T03:04")
+    form.locator('button[type="submit"]').click()
+    page.wait_for_selector("#secret-box:not([hidden])")
+    made = next(
+        k for k in api.get(f"/tenants/{acme['id']}/keys").json() if k["name"] == "batch-only"
+    )
+    assert (made["scopes"], made["models"], made["requests_per_minute"]) == (
+        ["inference"], ["tiny-model"], 7,
+    )  # fmt: skip
+    assert made["expires_at"].startswith("2031-01-02T03:04")
+
+    # Batches: progress and usage of each.
+    page.goto(console.root + "batches")
+    batch = page.locator(f'#batches-table tr[data-batch-id="{batch_id}"]')
+    assert batch.locator('[data-field="input"]').inner_text() == "50"
+    assert batch.locator('[data-field="output"]').inner_text() == "10"
+    assert "acme" in batch.inner_text()
+
+    # Usage: cost and refusals by tenant, by key and by model.
+    page.goto(console.root + "usage")
+    page.wait_for_selector(f'#usage-tenants tr[data-tenant-id="{acme["id"]}"]')
+    tenant_row = page.inner_text(f'#usage-tenants tr[data-tenant-id="{acme["id"]}"]')
+    assert "$0.00012" in tenant_row and tenant_row.rstrip().endswith("10")
+    assert "web" in page.inner_text(f'#usage-keys tr[data-key-id="{key["id"]}"]')
+    assert "$0.00012" in page.inner_text('#usage-models tr[data-model="tiny-model"]')
+    shot(page, artifacts, "09-usage")
+
+    # The overview: rates and charts from the server's samples (taken since it started).
+    page.goto(console.root)
+    page.wait_for_function("Number(document.body.dataset.overviewPoints || 0) >= 2")
+    assert float(page.inner_text("#ov-rps")) > 0 and page.inner_text("#ov-tps") != "–"
+    assert "of finished requests" in page.inner_text("#ov-error-rate")
+    for chart in ("requests", "tokens"):
+        assert plotted_pixels(page, chart, "ov-chart") > 50, chart
+    shot(page, artifacts, "10-overview")
+
+    # Live: x positions are the samples' times; a stretch without samples stays a gap.
+    history = live_history_of(console.app.state)
+    first = history.points[0]
+    history.points.appendleft(msgspec.structs.replace(first, at=first.at - timedelta(seconds=166)))
+    page.goto(console.root + "live")
+    page.select_option("#live-range", "5")
+    page.wait_for_selector('#live-tokens[data-state="data"]')
+    xs = page.evaluate(
+        "Chart.getChart(document.querySelector('#live-tokens canvas')).data.datasets[1].data"
+        ".slice(0, 3)"
+    )
+    assert xs[1]["y"] is None  # the gap: no line across it
+    assert xs[2]["x"] - xs[0]["x"] == 166_000
+    scale = page.evaluate(
+        "(() => { const s = Chart.getChart(document.querySelector('#live-tokens canvas'))"
+        ".scales; return [s.x.type, s.y.min]; })()"
+    )
+    assert scale == ["linear", 0]
+
+    # No page scrolls sideways, wide or narrow.
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        for slug in (*PAGES, f"tenants/{acme['id']}"):
+            page.goto(console.root + slug)
+            page.wait_for_load_state("networkidle")
+            no_sideways_scroll(page, f"/{slug} at {width} px")
+        if width == 420:
+            shot(page, artifacts, "11-tenant-page-420")

@@ -16,6 +16,7 @@ from litestar.testing import TestClient
 from tenants.database import Database
 from tenants.server_secrets import ensure_admin_token
 from web.admin import admin_router
+from web.admin.live_sampler import start_live_sampler
 from web.console import console_router
 from web.ops.errors import handle_exception
 from web.settings import Settings
@@ -38,16 +39,23 @@ def migrated_sqlite(path: Path) -> str:
     return url
 
 
-def build_admin_app(url: str, **state: Any) -> Litestar:
-    """The admin and console routers with the gateway's error mapping on a database at ``url``."""
+def build_admin_app(url: str, *, live_sample_s: float | None = None, **state: Any) -> Litestar:
+    """The admin and console routers with the gateway's error mapping on a database at ``url``;
+    with ``live_sample_s``, the live charts are sampled that often from start-up (as a gateway
+    samples them)."""
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         db = await Database.connect(url)
         app.state.db = db
+        stop = None
+        if live_sample_s is not None:
+            stop = await start_live_sampler(app.state, live_sample_s)
         try:
             yield
         finally:
+            if stop is not None:
+                await stop()
             await db.close()
 
     settings = Settings(database_url=url, admin_token=ADMIN_TOKEN)

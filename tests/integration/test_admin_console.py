@@ -231,8 +231,13 @@ def test_pages_show_the_operators_data(anon: Client) -> None:
         headers=headers,
     )
     tenants = anon.get("/admin/tenants").text
-    assert "acme" in tenants and "1,234,567" in tenants and "25 %" in tenants
-    assert "unlimited" in tenants
+    assert "acme" in tenants and f'href="/admin/tenants/{tenant["id"]}"' in tenants
+    assert "no limit" in tenants  # neither budget is set
+    detail = anon.get(f"/admin/tenants/{tenant['id']}").text
+    assert "1,234,567 tokens" in detail and "25 %" in detail and "ci" in detail
+    assert "No requests this month" in detail and "No batches" in detail
+    assert anon.get("/admin/tenants/tn_missing").status_code == 404
+    assert "No batches" in anon.get("/admin/batches").text
     keys = anon.get("/admin/keys", params={"tenant_id": tenant["id"]}).text
     assert "ci" in keys and "Revoke" in keys
     billing = anon.get("/admin/billing").text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import UTC, datetime
 
@@ -19,7 +20,7 @@ from tests.integration.test_admin_app import (
     build_admin_app,
     db_url,
 )
-from web.admin.live_metrics import ITL_FAMILY, MIN_INTERVAL_S, TTFT_FAMILY
+from web.admin.live_metrics import ITL_FAMILY, MIN_INTERVAL_S, REQUESTS_FAMILY, TTFT_FAMILY
 from web.ops.metrics import LATENCY_BUCKETS
 
 __all__ = ["admin", "anon", "db_url"]  # fixtures used below
@@ -27,10 +28,14 @@ Client = TestClient[Litestar]
 
 
 class Metrics:
-    """A gateway registry with the two latency histograms and no refusal counter."""
+    """A gateway registry with finished requests, the two latency histograms and no refusal
+    counter."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.requests = Counter(
+            REQUESTS_FAMILY, "Requests", ["endpoint", "status"], registry=self.registry
+        )
         self.ttft = Histogram(TTFT_FAMILY, "TTFT", buckets=LATENCY_BUCKETS, registry=self.registry)
         self.itl = Histogram(ITL_FAMILY, "ITL", buckets=LATENCY_BUCKETS, registry=self.registry)
 
@@ -73,6 +78,9 @@ def test_live_points_from_the_engine_and_the_registry(db_url: str) -> None:
         first = client.get("/admin/v1/metrics/live").json()
         metrics.ttft.observe(0.3)
         metrics.itl.observe(0.02)
+        metrics.requests.labels("chat", "ok").inc(3)
+        metrics.requests.labels("chat", "disconnect").inc(2)  # the client's doing: no error
+        metrics.requests.labels("chat", "error").inc(1)
         assert first["points"] == []  # a rate needs two readings
         assert first["missing"] == ["refusals"]  # no refusal counter in this registry
         assert first["tenant_names"] == {tenant["id"]: "busy"}
@@ -81,6 +89,8 @@ def test_live_points_from_the_engine_and_the_registry(db_url: str) -> None:
         seconds = 1000 / point["prompt_tokens_per_s"]
         assert MIN_INTERVAL_S <= seconds < MIN_INTERVAL_S + 2
         assert point["generated_tokens_per_s"] * 10 == pytest.approx(point["prompt_tokens_per_s"])
+        assert point["requests_per_s"] * seconds == pytest.approx(6)
+        assert point["errors_per_s"] * seconds == pytest.approx(1)
         assert 0.25 < point["ttft_p50_s"] <= 0.5 and 0.01 < point["itl_p99_s"] <= 0.025
         assert point["tenants"] == [
             {"tenant_id": "t-busy", "running": 3, "waiting": 1, "kv_pages": 0}
@@ -110,7 +120,7 @@ def test_refusals_appear_once_a_refusal_counter_exists(db_url: str) -> None:
 
 def test_without_metrics_every_series_is_missing(admin: Client) -> None:
     state = two_points(admin)
-    assert state["missing"] == ["engine", "ttft", "itl", "refusals"]
+    assert state["missing"] == ["engine", "ttft", "itl", "refusals", "requests"]
     points = state["points"]
     assert isinstance(points, list) and len(points) == 1
     point = points[0]
@@ -128,3 +138,28 @@ def test_bad_since_is_a_400_and_credentials_are_required(admin: Client, anon: Cl
         == 200
     )
     assert_error(anon.get("/admin/v1/metrics/live"), 401, "invalid_admin_token")
+
+
+def test_the_sampler_keeps_history_from_start_up_without_a_console(db_url: str) -> None:
+    """Points are sampled from start-up, not at each poll: a console opened later sees them,
+    on a time axis (each point at its own sampling time), and its polls add none."""
+    engine = CountingEngine()
+    app = build_admin_app(
+        db_url, engine=engine, metrics=Metrics(), live_sample_s=MIN_INTERVAL_S + 0.05
+    )
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        deadline = time.monotonic() + 20
+        while engine.calls < 3:  # nobody polls the admin API meanwhile
+            assert time.monotonic() < deadline, "the sampler did not sample"
+            time.sleep(0.05)
+        state = client.get("/admin/v1/metrics/live").json()
+        assert state["interval_s"] > 0 and state["history_s"] >= 3600
+        points = state["points"]
+        assert len(points) >= 2
+        times = [datetime.fromisoformat(p["at"]) for p in points]
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+        assert all(gap >= MIN_INTERVAL_S for gap in gaps)  # one point a second at most
+        calls = engine.calls
+        client.get("/admin/v1/metrics/live")
+        assert engine.calls <= calls + 1  # a poll reads the history; at most the sampler ran

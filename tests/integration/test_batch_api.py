@@ -114,6 +114,13 @@ def test_a_batch_on_the_real_engine_matches_interactive_answers_and_is_metered_p
             assert (event.prompt_tokens, event.completion_tokens, event.status) == (
                 usage["prompt_tokens"], usage["completion_tokens"], "ok",
             )  # fmt: skip
+        # The batch object's usage (as OpenAI's) sums its lines' metered tokens.
+        usage = api.batches.retrieve(batch.id).usage
+        assert usage is not None
+        assert usage.input_tokens == sum(e.prompt_tokens for e in events) > 0
+        assert usage.input_tokens_details.cached_tokens == sum(e.cached_tokens for e in events)
+        assert usage.output_tokens == sum(e.completion_tokens for e in events) > 0
+        assert usage.total_tokens == usage.input_tokens + usage.output_tokens
         # Deleting the input file leaves the batch and its outputs alone.
         assert api.files.delete(upload.id).deleted
         with pytest.raises(openai.NotFoundError):

@@ -83,5 +83,10 @@ def test_budgets_past_32_bits_through_the_gateway(
         refused = client.post("/v1/completions", json=body, headers=auth)
         assert refused.status_code == 429, refused.text
         assert "monthly cost budget exhausted" in refused.json()["error"]["message"]
+        # The console's refusal log names the tenant and the budget that refused it.
+        log = client.app.state.generation.refusals
+        [(tenant_id, reason, count)] = [(c.tenant_id, c.reason, c.count) for c in log.totals()]
+        assert (tenant_id.startswith("tn_"), reason, count) == (True, "monthly_cost_budget", 1)
+        assert log.latest()[0].status == 429
         body["max_tokens"] = 3  # 3,000 fit
         assert client.post("/v1/completions", json=body, headers=auth).status_code == 200

@@ -12,6 +12,7 @@ from web.admin.engine_controller import engine_status
 from web.admin.keys_controller import KeysController
 from web.admin.live_controller import live_metrics
 from web.admin.prefixes_controller import PublicPrefixesController
+from web.admin.spend_controller import batches, refusals, spend, tenant_statement
 from web.admin.tenants_controller import TenantsController
 from web.admin.usage_controller import (
     billing_export,
@@ -30,6 +31,10 @@ admin_router = Router(
         TenantsController,
         KeysController,
         usage,
+        spend,
+        tenant_statement,
+        refusals,
+        batches,
         billing_export,
         billing_manifest,
         set_price,

@@ -17,6 +17,7 @@ from litestar.di import Provide
 
 from tenants.audit import AuditService
 from tenants.auth_cache import AuthCache
+from tenants.batch_store import BatchStore
 from tenants.billing import BillingService
 from tenants.database import Database
 from tenants.domain import TenantDomain
@@ -24,11 +25,13 @@ from tenants.key_service import KeyService
 from tenants.price_service import PriceService
 from tenants.public_prefixes import PublicPrefixService
 from tenants.server_secrets import load_key_secret
+from tenants.spend import SpendReport
 from tenants.tenant_service import TenantService
 from tenants.usage_report import UsageReport
 from web.admin.engine_state import TokenRate
 from web.admin.live_metrics import LiveHistory
 from web.ops.errors import ApiError
+from web.ops.refusals import RefusalLog
 from web.tenancy.prefix_delivery import PrefixDelivery, delivery_of
 
 SERVICES_STATE = "admin_services"
@@ -47,6 +50,7 @@ class AdminServices:
     reports: UsageReport
     billing: BillingService
     public_prefixes: PublicPrefixService
+    spend: SpendReport
 
 
 def app_state(connection: ASGIConnection[Any, Any, Any, Any]) -> State:
@@ -86,6 +90,7 @@ async def services(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminServi
             reports=domain.reports,
             billing=domain.billing,
             public_prefixes=domain.public_prefixes,
+            spend=SpendReport(domain.db, domain.prices),
         )
     else:
         db = database(connection)
@@ -98,6 +103,7 @@ async def services(connection: ASGIConnection[Any, Any, Any, Any]) -> AdminServi
             reports=UsageReport(db),
             billing=BillingService(db, prices),
             public_prefixes=PublicPrefixService(db),
+            spend=SpendReport(db, prices),
         )
     state[SERVICES_STATE] = built
     return built
@@ -112,12 +118,39 @@ async def provide_prefix_delivery(state: State) -> PrefixDelivery | None:
     return delivery_of(state)
 
 
-async def provide_live_history(state: State) -> LiveHistory:
-    """The live charts' recent points, kept on the app between polls."""
+def live_history_of(state: State) -> LiveHistory:
+    """The live charts' last hour of points, kept on the app (the sampler's and the polls')."""
     history = state.get(HISTORY_STATE)
     if not isinstance(history, LiveHistory):
         history = state[HISTORY_STATE] = LiveHistory()
     return history
+
+
+async def provide_live_history(state: State) -> LiveHistory:
+    return live_history_of(state)
+
+
+def refusal_log_of(state: State) -> RefusalLog | None:
+    """The refusals this gateway logged by tenant (None on an app that generates nothing)."""
+    log = getattr(state.get("generation"), "refusals", None)
+    return log if isinstance(log, RefusalLog) else None
+
+
+async def provide_refusal_log(state: State) -> RefusalLog | None:
+    return refusal_log_of(state)
+
+
+def batch_store_of(state: State) -> BatchStore | None:
+    """The Batch API's store (None without a tenant database), else one on ``state.db``."""
+    store = state.get("batch_store")
+    if isinstance(store, BatchStore):
+        return store
+    db = state.get("db")
+    return BatchStore(db) if isinstance(db, Database) else None
+
+
+async def provide_batch_store(state: State) -> BatchStore | None:
+    return batch_store_of(state)
 
 
 async def provide_token_rates(state: State) -> dict[str, TokenRate]:
@@ -149,6 +182,8 @@ def admin_dependencies() -> dict[str, Provide]:
         "admin_services": Provide(provide_admin_services),
         "prefix_delivery": Provide(provide_prefix_delivery),
         "live_history": Provide(provide_live_history),
+        "refusal_log": Provide(provide_refusal_log),
+        "batch_store": Provide(provide_batch_store),
         "token_rates": Provide(provide_token_rates),
         "gateway_metrics": Provide(provide_gateway_metrics),
         "served_models": Provide(provide_served_models),

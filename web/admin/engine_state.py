@@ -14,6 +14,7 @@ from web.admin.schemas import EngineInstanceState, EngineState, TenantEngineStat
 
 MIN_INTERVAL_S = 0.5
 TENANT_PREFIX = "tenant:"
+BATCH_SUFFIX = "/batch"  # a tenant's batch lines in the engine (``Principal.engine_tenant_id``)
 
 
 @dataclass(slots=True)
@@ -53,6 +54,17 @@ def draft_acceptance(snapshot: EngineSnapshot) -> float | None:
     return counters.num_accepted_draft_tokens / drafted if drafted else None
 
 
+def engine_tenant_name(engine_tenant_id: str, names: Mapping[str, str]) -> str | None:
+    """A tenant's name for an engine's tenant id: ``acme``, or ``acme (batch)`` for its Batch
+    API lines (which the engine schedules apart, as ``<tenant id>/batch``); None for a tenant
+    ``names`` does not know."""
+    tenant_id, batch, _ = engine_tenant_id.partition(BATCH_SUFFIX)
+    name = names.get(tenant_id)
+    if name is None:
+        return None
+    return f"{name} (batch)" if batch else name
+
+
 def tenant_states(snapshot: EngineSnapshot, names: Mapping[str, str]) -> list[TenantEngineState]:
     """Each tenant with requests or cached pages in ``snapshot``, by name."""
     caches = {
@@ -67,7 +79,7 @@ def tenant_states(snapshot: EngineSnapshot, names: Mapping[str, str]) -> list[Te
         tenants.append(
             TenantEngineState(
                 tenant_id=tenant_id,
-                tenant_name=names.get(tenant_id),
+                tenant_name=engine_tenant_name(tenant_id, names),
                 running=snapshot.running_by_tenant.get(tenant_id, 0),
                 waiting=snapshot.waiting_by_tenant.get(tenant_id, 0),
                 kv_pages_cached=cache.resident_pages if cache else 0,

@@ -1,5 +1,6 @@
 """The console's live charts: points sampled from the gateway's Prometheus registry and the
-engines' snapshot, kept in a short history on the app.
+engines' snapshot, kept for the last hour on the app (``web.admin.live_sampler`` samples from
+start-up, whether a console is open or not).
 
 Rates and latency quantiles come from differences of cumulative numbers between two readings,
 so a point says what happened lately, not since start. A series the server does not report
@@ -8,12 +9,14 @@ so a point says what happened lately, not since start. A series the server does 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 from prometheus_client import CollectorRegistry
@@ -24,7 +27,11 @@ from web.admin.engine_state import TENANT_PREFIX
 
 MIN_INTERVAL_S = 1.0  # polls closer than this share one point
 LATENCY_WINDOW_S = 30.0  # latency quantiles cover at least the last half minute
-HISTORY_POINTS = 300
+HISTORY_S = 3600.0  # points older than this are dropped
+HISTORY_POINTS = 7200  # and never more than this many (a point a second at most, with room)
+REQUESTS_FAMILY = "atrium_requests"
+# Finished requests that count as errors: ended by the server, not by the client or a limit.
+ERROR_STATUSES = frozenset({"error", "timeout", "unavailable", "rejected", "gateway_lost"})
 TTFT_FAMILY = "atrium_time_to_first_token_seconds"
 ITL_FAMILY = "atrium_inter_token_latency_seconds"
 REFUSAL_MARK = "refus"  # any counter family named like ``atrium_refusals``
@@ -44,6 +51,8 @@ class LivePoint(msgspec.Struct, kw_only=True):
     """What the server did between the previous reading and ``at``; None: nothing to measure."""
 
     at: datetime
+    requests_per_s: float | None  # finished requests, errors included
+    errors_per_s: float | None  # finished requests that ended in a server-side error
     prompt_tokens_per_s: float | None
     generated_tokens_per_s: float | None
     ttft_p50_s: float | None
@@ -57,10 +66,12 @@ class LivePoint(msgspec.Struct, kw_only=True):
 
 class LiveMetrics(msgspec.Struct, kw_only=True):
     """``missing``: series this server does not report (``engine``, ``ttft``, ``itl``,
-    ``refusals``), drawn as empty charts with a note."""
+    ``refusals``, ``requests``), drawn as empty charts with a note. ``tenant_names`` names
+    every tenant id the points use (a tenant's batch lines, ``<id>/batch``, included)."""
 
     interval_s: float
     latency_window_s: float
+    history_s: float
     missing: list[str]
     tenant_names: dict[str, str]
     points: list[LivePoint]
@@ -72,6 +83,7 @@ class Reading:
 
     at: float  # monotonic seconds
     wall: datetime
+    requests: dict[str, float] | None  # finished requests by status, since start
     prompt_tokens: int | None
     generated_tokens: int | None
     ttft: Buckets | None
@@ -132,12 +144,25 @@ def _refusals(families: Iterable[Metric]) -> dict[str, float] | None:
     return found
 
 
+def _by_status(family: Metric | None) -> dict[str, float] | None:
+    """A counter's totals by its ``status`` label, summed over every other label."""
+    if family is None:
+        return None
+    found: dict[str, float] = {}
+    for sample in family.samples:
+        if sample.name.endswith("_total"):
+            status = sample.labels.get("status", "")
+            found[status] = found.get(status, 0.0) + sample.value
+    return found
+
+
 def read(registry: CollectorRegistry | None, snapshot: EngineSnapshot | None) -> Reading:
     families = {family.name: family for family in registry.collect()} if registry else {}
     counters = snapshot.counters if snapshot is not None else None
     return Reading(
         at=time.monotonic(),
         wall=datetime.now(UTC),
+        requests=_by_status(families.get(REQUESTS_FAMILY)),
         prompt_tokens=None if counters is None else counters.num_prefill_tokens,
         generated_tokens=None if counters is None else counters.num_generated_tokens,
         ttft=_buckets(families.get(TTFT_FAMILY)),
@@ -147,10 +172,16 @@ def read(registry: CollectorRegistry | None, snapshot: EngineSnapshot | None) ->
     )
 
 
-def _rate(later: int | None, earlier: int | None, seconds: float) -> float | None:
+def _rate(later: float | None, earlier: float | None, seconds: float) -> float | None:
     if later is None or earlier is None or later < earlier:
         return None  # not reported, or the counter restarted (an engine came back)
     return (later - earlier) / seconds
+
+
+def _sum(counts: dict[str, float] | None, statuses: frozenset[str] | None = None) -> float | None:
+    if counts is None:
+        return None
+    return sum(v for status, v in counts.items() if statuses is None or status in statuses)
 
 
 def _tenants(snapshot: EngineSnapshot | None) -> list[TenantLive]:
@@ -189,6 +220,10 @@ def point(now: Reading, before: Reading, window_start: Reading) -> LivePoint:
 
     return LivePoint(
         at=now.wall,
+        requests_per_s=_rate(_sum(now.requests), _sum(before.requests), seconds),
+        errors_per_s=_rate(
+            _sum(now.requests, ERROR_STATUSES), _sum(before.requests, ERROR_STATUSES), seconds
+        ),
         prompt_tokens_per_s=_rate(now.prompt_tokens, before.prompt_tokens, seconds),
         generated_tokens_per_s=_rate(now.generated_tokens, before.generated_tokens, seconds),
         ttft_p50_s=latency(0.5, now.ttft, window_start.ttft),
@@ -207,17 +242,24 @@ def missing(reading: Reading) -> list[str]:
         "ttft": reading.ttft is None,
         "itl": reading.itl is None,
         "refusals": reading.refusals is None,
+        "requests": reading.requests is None,
     }
     return [name for name, absent in gone.items() if absent]
 
 
 @dataclass(slots=True)
 class LiveHistory:
-    """Readings and the points drawn from them, newest last; one point per ``MIN_INTERVAL_S``
-    at most, however many consoles poll."""
+    """Readings and the points drawn from them, newest last: the last ``HISTORY_S`` seconds,
+    one point per ``MIN_INTERVAL_S`` at most, however many consoles poll. ``sampled`` is set
+    while a sampler adds readings on its own (then polls only read)."""
 
-    readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    readings: deque[Reading] = field(default_factory=deque)
     points: deque[LivePoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    sampled: bool = False
+
+    @property
+    def latest(self) -> Reading | None:
+        return self.readings[-1] if self.readings else None
 
     def add(self, reading: Reading) -> Reading:
         """Record ``reading`` (and its point, from the previous one); returns the latest."""
@@ -230,7 +272,17 @@ class LiveHistory:
             )
             self.points.append(point(reading, self.readings[-1], window_start))
         self.readings.append(reading)
+        # Keep one reading at least a latency window old (the next window's start), no older.
+        while len(self.readings) > 2 and reading.at - self.readings[1].at >= LATENCY_WINDOW_S:
+            self.readings.popleft()
+        oldest = reading.wall - timedelta(seconds=HISTORY_S)
+        while self.points and self.points[0].at < oldest:
+            self.points.popleft()
         return reading
 
     def since(self, after: datetime | None) -> list[LivePoint]:
-        return [p for p in self.points if after is None or p.at > after]
+        if after is None:
+            return list(self.points)
+        # Points are in time order: skip to the first later one.
+        index = bisect.bisect_right(self.points, after, key=lambda p: p.at)
+        return list(itertools.islice(self.points, index, None))

@@ -11,14 +11,13 @@ from web.console.pages import (
     audit_page,
     billing_page,
     engines_page,
-    keys_page,
     live_page,
     overview,
     prefixes_page,
-    tenants_page,
     usage_page,
 )
 from web.console.signin import sign_in, sign_out
+from web.console.tenant_pages import batches_page, keys_page, tenant_page, tenants_page
 from web.openai.json_body import JsonRequest
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -30,7 +29,9 @@ console_router = Router(
         live_page,
         engines_page,
         tenants_page,
+        tenant_page,
         keys_page,
+        batches_page,
         prefixes_page,
         usage_page,
         billing_page,

@@ -15,14 +15,6 @@ from web.admin.window import resolve_window
 from web.console.render import ROOT, render
 
 ConsoleRequest = Request[Any, Any, Any]
-QUOTA_FIELDS = (
-    ("requests_per_minute", "Requests/min"),
-    ("tokens_per_minute", "Tokens/min"),
-    ("max_concurrent_requests", "Concurrency"),
-    ("monthly_token_budget", "Monthly budget"),
-    ("max_prompt_tokens", "Max prompt"),
-    ("kv_cache_share", "KV share (0–1)"),
-)
 
 
 async def page(
@@ -62,44 +54,16 @@ async def prefixes_page(request: ConsoleRequest) -> Response[Any]:
     return await page(request, "prefixes.html", "prefixes", "Public prefixes")
 
 
-@get("/tenants")
-async def tenants_page(request: ConsoleRequest) -> Response[Any]:
-    if await current_session(request) is None:
-        return Redirect(ROOT, status_code=303)
-    tenants = await (await services(request)).tenants.list_tenants()
-    return await page(
-        request, "tenants.html", "tenants", "Tenants", tenants=tenants, quota_fields=QUOTA_FIELDS
-    )
-
-
-@get("/keys")
-async def keys_page(
+@get("/usage")
+async def usage_page(
     request: ConsoleRequest, tenant_id: FromQuery[str | None] = None
 ) -> Response[Any]:
     if await current_session(request) is None:
         return Redirect(ROOT, status_code=303)
-    svc = await services(request)
-    tenants = await svc.tenants.list_tenants()
-    selected = next((t for t in tenants if t.id == tenant_id), tenants[0] if tenants else None)
-    keys = await svc.keys.list_keys(selected.id) if selected is not None else []
-    return await page(
-        request,
-        "keys.html",
-        "keys",
-        "Keys",
-        tenants=tenants,
-        selected=selected,
-        keys=keys,
-        now=datetime.now(UTC),
-    )
-
-
-@get("/usage")
-async def usage_page(request: ConsoleRequest) -> Response[Any]:
-    if await current_session(request) is None:
-        return Redirect(ROOT, status_code=303)
     tenants = await (await services(request)).tenants.list_tenants(include_deleted=True)
-    return await page(request, "usage.html", "usage", "Usage", tenants=tenants)
+    return await page(
+        request, "usage.html", "usage", "Usage", tenants=tenants, selected=tenant_id or ""
+    )
 
 
 @get("/billing")

@@ -22,6 +22,7 @@ NAV = (
     ("engines", "Engines"),
     ("tenants", "Tenants"),
     ("keys", "Keys"),
+    ("batches", "Batches"),
     ("prefixes", "Public prefixes"),
     ("usage", "Usage"),
     ("billing", "Billing"),
@@ -55,6 +56,13 @@ def money(micros: int | None) -> str:
     whole, frac = divmod(abs(micros), 1_000_000)
     digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
     return f"{'-' if micros < 0 else ''}{whole:,}.{digits}"
+
+
+def decimal_money(micros: int) -> str:
+    """Micro-units as a plain decimal an ``<input type=number>`` accepts (``1234.5``)."""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    digits = f"{frac:06d}".rstrip("0")
+    return f"{'-' if micros < 0 else ''}{whole}{'.' + digits if digits else ''}"
 
 
 def when(value: datetime | None) -> str:
@@ -102,7 +110,14 @@ def build_environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        num=num, limit=limit, share=share, money=money, when=when, compact=compact, changes=changes
+        num=num,
+        limit=limit,
+        share=share,
+        money=money,
+        decimal_money=decimal_money,
+        when=when,
+        compact=compact,
+        changes=changes,
     )
     env.globals.update(static=static, root=ROOT, api=API, nav=NAV)
     return env

@@ -28,6 +28,7 @@ from engine.sampling_params import SamplingParams
 from tenants.lora_adapters import LoraAdapterInfo, LoraAdapterService
 from web.ops.errors import ApiError, unavailable
 from web.ops.metrics import GatewayMetrics
+from web.ops.refusals import RefusalLog
 from web.ops.tracing import RequestSpans
 from web.tenancy.fair_gate import FairGate
 from web.tenancy.principal import Principal, Tenancy, Ticket, UsageRecord
@@ -183,6 +184,8 @@ class GenerationService:
         # The LoRA adapters tenants may name in ``model`` (tenants/lora_adapters.py); None where
         # no database backs the server (then only the base model is served).
         self.adapters: LoraAdapterService | None = None
+        # Admissions refused, by tenant (the console's; /metrics counts them by reason only).
+        self.refusals = RefusalLog()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @contextlib.contextmanager
@@ -345,6 +348,10 @@ class GenerationService:
                     # may already be committed: settle it here, never leave it to a lease
                     # reclaim.
                     self._spawn(self._abandon(admission, principal, request_id, model))
+                    raise
+                except Exception as error:  # a quota, a budget, the tenant's status: refused
+                    batch = principal.batch_id is not None
+                    self.refusals.record(principal.tenant_id, principal.key_id, error, batch=batch)
                     raise
         except BaseException:
             self._leave(principal.engine_tenant_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -12,8 +12,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from engine.stats import EngineSnapshot, EngineStats
 from radix_cache.stats import NamespaceSnapshot
 from web.admin.live_metrics import (
+    HISTORY_S,
     ITL_FAMILY,
     LATENCY_WINDOW_S,
+    REQUESTS_FAMILY,
     TTFT_FAMILY,
     LiveHistory,
     missing,
@@ -84,7 +86,7 @@ def test_points_measure_tokens_per_second_and_latency_between_readings() -> None
     assert point.kv_pages_total == 100
     by_tenant = {t.tenant_id: (t.running, t.waiting, t.kv_pages) for t in point.tenants}
     assert by_tenant == {"t1": (2, 0, 7), "t2": (0, 3, 0)}  # the public namespace is no tenant
-    assert point.refusals_per_min is None and missing(second) == ["refusals"]
+    assert point.refusals_per_min is None and missing(second) == ["refusals", "requests"]
 
 
 def test_polls_closer_than_a_second_share_one_point() -> None:
@@ -128,7 +130,7 @@ def test_refusals_by_reason_from_any_refusal_counter() -> None:
     history.add(later)
     [point] = history.since(None)
     assert point.refusals_per_min == {"overloaded": 6.0, "quota": 4.0}
-    assert missing(later) == ["engine", "ttft", "itl"]
+    assert missing(later) == ["engine", "ttft", "itl", "requests"]
     assert point.prompt_tokens_per_s is None and point.tenants == []
 
 
@@ -151,3 +153,38 @@ def test_refusals_are_named_by_status_and_reason() -> None:
         "429 requests_per_minute": 1.0,
         "401 invalid_api_key": 2.0,
     }
+
+
+def test_requests_and_errors_per_second_by_status() -> None:
+    registry = CollectorRegistry()
+    requests = Counter(REQUESTS_FAMILY, "Requests", ["endpoint", "status"], registry=registry)
+    history = LiveHistory()
+    first = read(registry, None)
+    history.add(first)
+    requests.labels("chat", "ok").inc(8)
+    requests.labels("completions", "ok").inc(2)
+    requests.labels("chat", "disconnect").inc(4)  # the client left: no server error
+    requests.labels("chat", "timeout").inc(2)
+    requests.labels("chat", "error").inc(4)
+    history.add(replace(read(registry, None), at=first.at + 2))
+    [point] = history.since(None)
+    assert point.requests_per_s == pytest.approx(10.0)
+    assert point.errors_per_s == pytest.approx(3.0)
+
+
+def test_history_keeps_the_last_hour_and_few_readings() -> None:
+    """A point every two seconds for two hours: the points of the last hour stay, in order,
+    and only the readings the latency window needs are kept."""
+    history = LiveHistory()
+    first = read(None, snapshot(0, 0))
+    start = first.wall - timedelta(hours=2)
+    for n in range(3601):
+        at = start + timedelta(seconds=2 * n)
+        history.add(replace(first, at=first.at + 2 * n, wall=at))
+    points = history.since(None)
+    assert points[-1].at == start + timedelta(seconds=7200)
+    assert points[0].at >= points[-1].at - timedelta(seconds=HISTORY_S)
+    assert len(points) == HISTORY_S / 2 + 1
+    assert len(history.readings) <= LATENCY_WINDOW_S / 2 + 2
+    middle = points[len(points) // 2].at
+    assert [p.at for p in history.since(middle)] == [p.at for p in points if p.at > middle]

@@ -57,7 +57,7 @@ def file_object(info: FileInfo) -> dict[str, Any]:
 
 
 def batch_object(info: BatchInfo) -> dict[str, Any]:
-    counts = info.request_counts
+    counts, usage = info.request_counts, info.usage
     errors = None if info.errors is None else {"object": "list", "data": info.errors}
     return {
         "id": info.id,
@@ -84,6 +84,14 @@ def batch_object(info: BatchInfo) -> dict[str, Any]:
             "failed": counts.failed,
         },
         "metadata": info.metadata,
+        # As OpenAI's batch object: the tokens its requests used so far.
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens,
+        },
     }
 
 

@@ -46,10 +46,17 @@ const Atrium = (() => {
   // A form with data-api sends its fields as JSON to the admin API.
   function formBody(form) {
     const body = {};
-    for (const input of form.querySelectorAll("input[name], select[name]")) {
+    for (const input of form.querySelectorAll("input[name], select[name], textarea[name]")) {
       let value = input.value.trim();
       const type = input.dataset.type;
+      if (input.type === "checkbox") {
+        // Checkboxes of one name make a list of the checked values (an empty one included).
+        const list = (body[input.name] ??= []);
+        if (input.checked) list.push(input.value);
+        continue;
+      }
       if (type === "number") value = value === "" ? null : Number(value);
+      else if (type === "money-or-null") value = value === "" ? null : Math.round(Number(value) * 1e6);
       else if (type === "utc") value = value === "" ? null : `${value.length === 16 ? `${value}:00` : value}Z`;
       else if (type === "hours") value = Math.round(Number(value) * 3600);
       else if (type === "money") value = Math.round(Number(value) * 1e6);
@@ -90,17 +97,41 @@ const Atrium = (() => {
           note.hidden = !data.replaces;
         }
         document.getElementById("secret-box").hidden = false;
+        form.closest("dialog")?.close();
         document.getElementById("secret-box").scrollIntoView({ block: "center" });
-        form.hidden = true;
+        if (!form.closest("dialog")) form.hidden = true;
         notice("");
         if (form.dataset.refresh) await refreshSection(form.dataset.refresh);
       } else {
         window.location.reload();
       }
     } catch (error) {
-      notice(error.message);
+      const dialog = form.closest("dialog");
+      if (!dialog) {
+        notice(error.message);
+        return;
+      }
+      // The page's notice is behind the open dialog: say it in the dialog.
+      let box = dialog.querySelector(".dialog-notice");
+      if (!box) {
+        box = document.createElement("div");
+        box.className = "dialog-notice notice error";
+        box.setAttribute("role", "alert");
+        dialog.prepend(box);
+      }
+      box.textContent = error.message;
     }
   }
+
+  // Buttons with data-open show the dialog they name; data-close shuts the one they are in.
+  document.addEventListener("click", (event) => {
+    const opener = event.target.closest("[data-open]");
+    if (opener) {
+      document.getElementById(opener.dataset.open)?.showModal();
+      return;
+    }
+    if (event.target.closest("[data-close]")) event.target.closest("dialog")?.close();
+  });
 
   document.addEventListener("submit", submitApiForm);
   return { api, notice, format, formBody, apiRoot: "/admin/v1" };

@@ -1,17 +1,20 @@
-// Live: polls /admin/v1/metrics/live and draws six line charts from the points kept here.
+// Live: the server's last hour of samples (/admin/v1/metrics/live), polled for new ones and
+// drawn on a true time axis over the chosen range.
 "use strict";
 
 (() => {
   const intervalMs = 2000;
-  const maxPoints = 300;
   const maxTenants = 6; // the busiest; the rest are summed as "other tenants"
-  const palette = ["#3056d3", "#1f7a4d", "#b42318", "#a15c00", "#6941c6", "#0e7090", "#667085"];
   const { api, notice, format } = Atrium;
+  const { series, line, draw: drawChart } = Timeline;
   const points = [];
   let names = {};
   let missing = [];
   let lastAt = null;
+  let historyMs = 3600e3;
+  let gapMs = 6000; // samples further apart than this are not joined by a line
   const charts = {};
+  const range = document.getElementById("live-range");
 
   // Why a chart is empty when the server reports nothing for it.
   const MISSING_NOTES = {
@@ -19,9 +22,12 @@
     ttft: "This server reports no time-to-first-token histogram.",
     itl: "This server reports no inter-token latency histogram.",
     refusals: "This server does not count refusals by reason yet (no refusal counter in /metrics).",
+    requests: "This server does not count finished requests (no request counter in /metrics).",
   };
-  const NEEDS = { tokens: "engine", ttft: "ttft", itl: "itl", queue: "engine", kv: "engine", refusals: "refusals" };
+  const NEEDS = { requests: "requests", tokens: "engine", ttft: "ttft", itl: "itl", queue: "engine",
+    kv: "engine", refusals: "refusals" };
   const IDLE_NOTES = {
+    requests: "No requests finished in this range.",
     tokens: "No tokens processed in this window.",
     ttft: "No first tokens in this window.",
     itl: "No tokens streamed in this window.",
@@ -30,65 +36,67 @@
     refusals: "No refusals in this window.",
   };
 
-  const label = (p) => new Date(p.at).toLocaleTimeString([], { hour12: false });
   const ms = (s) => (s === null || s === undefined ? null : s * 1000);
-
-  // A value with no neighbour draws no line segment: it gets a dot instead.
-  function isolated(ctx) {
-    const d = ctx.dataset.data;
-    const i = ctx.dataIndex;
-    return d[i] !== null && d[i] !== undefined && d[i - 1] == null && d[i + 1] == null;
-  }
-
-  function line(name, data, i, extra = {}) {
-    const color = palette[i % palette.length];
-    return { label: name, data, borderColor: color, backgroundColor: color, borderWidth: 2,
-      pointRadius: (ctx) => (isolated(ctx) ? 3 : 0), spanGaps: false, tension: 0.2, ...extra };
-  }
+  // The range chosen, up to the last sample; no earlier than the first sample kept.
+  const inRange = () => {
+    const minutes = Number(range?.value || 15);
+    if (!points.length) return [Date.now() - minutes * 60e3, Date.now()];
+    const end = Date.parse(points[points.length - 1].at);
+    return [Math.max(end - minutes * 60e3, Date.parse(points[0].at)), end];
+  };
+  const shown = () => {
+    const [min] = inRange();
+    return points.filter((p) => Date.parse(p.at) >= min);
+  };
 
   // The busiest tenants over the points (by a per-point value), then the rest as one line.
-  function byTenant(value) {
+  function byTenant(value, visible) {
     const totals = new Map();
-    for (const p of points) {
+    for (const p of visible) {
       for (const t of p.tenants) totals.set(t.tenant_id, (totals.get(t.tenant_id) ?? 0) + value(t));
     }
     const top = [...totals.entries()].filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1])
       .slice(0, maxTenants).map(([id]) => id);
     const rest = [...totals.entries()].some(([id, v]) => v > 0 && !top.includes(id));
-    const series = top.map((id) => ({
+    const zero = { running: 0, waiting: 0, kv_pages: 0 };
+    const lines = top.map((id) => ({
       name: names[id] ?? id,
-      data: points.map((p) => value(p.tenants.find((t) => t.tenant_id === id) ?? { running: 0, waiting: 0, kv_pages: 0 })),
+      data: series(visible, (p) => value(p.tenants.find((t) => t.tenant_id === id) ?? zero), gapMs),
     }));
     if (rest) {
-      series.push({
+      lines.push({
         name: "other tenants",
-        data: points.map((p) => p.tenants.filter((t) => !top.includes(t.tenant_id))
-          .reduce((acc, t) => acc + value(t), 0)),
+        data: series(visible, (p) => p.tenants.filter((t) => !top.includes(t.tenant_id))
+          .reduce((acc, t) => acc + value(t), 0), gapMs),
       });
     }
-    return series;
+    return lines;
   }
 
-  function datasets(kind) {
+  function datasets(kind, visible) {
+    const of = (value) => series(visible, value, gapMs);
     switch (kind) {
+      case "requests":
+        return [line("finished", of((p) => p.requests_per_s), 0),
+          line("errors", of((p) => p.errors_per_s), 2)];
       case "tokens":
-        return [line("prompt", points.map((p) => p.prompt_tokens_per_s), 0),
-          line("generated", points.map((p) => p.generated_tokens_per_s), 1)];
+        return [line("prompt", of((p) => p.prompt_tokens_per_s), 0),
+          line("generated", of((p) => p.generated_tokens_per_s), 1)];
       case "ttft":
       case "itl":
-        return [line("p50", points.map((p) => ms(p[`${kind}_p50_s`])), 0),
-          line("p99", points.map((p) => ms(p[`${kind}_p99_s`])), 2)];
+        return [line("p50", of((p) => ms(p[`${kind}_p50_s`])), 0),
+          line("p99", of((p) => ms(p[`${kind}_p99_s`])), 2)];
       case "queue": {
-        const running = byTenant((t) => t.running);
-        const waiting = byTenant((t) => t.waiting);
+        const running = byTenant((t) => t.running, visible);
+        const waiting = byTenant((t) => t.waiting, visible);
         return [...running.map((s, i) => line(`${s.name} running`, s.data, i)),
           ...waiting.map((s, i) => line(`${s.name} waiting`, s.data, i, { borderDash: [5, 4] }))];
       }
       case "kv":
-        return byTenant((t) => t.kv_pages).map((s, i) => line(s.name, s.data, i));
+        return byTenant((t) => t.kv_pages, visible).map((s, i) => line(s.name, s.data, i));
       case "refusals": {
-        const reasons = [...new Set(points.flatMap((p) => Object.keys(p.refusals_per_min ?? {})))].sort();
-        return reasons.map((r, i) => line(r, points.map((p) => p.refusals_per_min?.[r] ?? null), i));
+        const reasons = [...new Set(visible.flatMap((p) => Object.keys(p.refusals_per_min ?? {})))].sort();
+        return reasons.map((r, i) => line(r, of((p) => p.refusals_per_min?.[r] ?? null), i));
       }
       default:
         return [];
@@ -96,41 +104,24 @@
   }
 
   function hasData(sets) {
-    return sets.some((d) => d.data.some((v) => v !== null && v !== undefined && v > 0));
+    return sets.some((d) => d.data.some((v) => v.y !== null && v.y > 0));
   }
 
   function draw(panel) {
     const kind = panel.dataset.chart;
     const absent = missing.includes(NEEDS[kind]);
-    const sets = absent ? [] : datasets(kind);
+    const sets = absent ? [] : datasets(kind, shown());
     const note = panel.querySelector(".chart-note");
     const noteText = absent ? MISSING_NOTES[NEEDS[kind]] : hasData(sets) ? "" : IDLE_NOTES[kind];
     note.textContent = noteText;
     note.hidden = !noteText;
     panel.dataset.state = absent ? "missing" : hasData(sets) ? "data" : "idle";
-    const data = { labels: points.map(label), datasets: sets };
-    if (charts[kind]) {
-      charts[kind].data = data;
-      charts[kind].update("none");
-      return;
-    }
-    charts[kind] = new Chart(panel.querySelector("canvas"), {
-      type: "line",
-      data,
-      options: {
-        animation: false,
-        maintainAspectRatio: false,
-        interaction: { mode: "index", intersect: false },
-        scales: {
-          x: { ticks: { maxRotation: 0, autoSkip: true, maxTicksLimit: 6 } },
-          y: { beginAtZero: true, ticks: { callback: (v) => format.dec(v) } },
-        },
-        plugins: {
-          legend: { labels: { boxWidth: 12 } },
-          tooltip: { callbacks: { label: (c) => `${c.dataset.label}: ${format.dec(c.parsed.y)}` } },
-        },
-      },
-    });
+    const [min, max] = inRange();
+    charts[kind] = drawChart(panel.querySelector("canvas"), sets, min, max, charts[kind]);
+  }
+
+  function redraw() {
+    for (const panel of document.querySelectorAll("[data-chart]")) draw(panel);
   }
 
   async function poll() {
@@ -139,11 +130,15 @@
       const state = await api("GET", `${Atrium.apiRoot}/metrics/live${query}`);
       names = state.tenant_names;
       missing = state.missing;
+      historyMs = state.history_s * 1000;
+      gapMs = state.interval_s * 1000 * 3;
       points.push(...state.points);
-      points.splice(0, Math.max(0, points.length - maxPoints));
       if (points.length) lastAt = points[points.length - 1].at;
+      const oldest = Date.parse(lastAt ?? new Date().toISOString()) - historyMs;
+      while (points.length && Date.parse(points[0].at) < oldest) points.shift();
       document.getElementById("live-window").textContent = format.int(state.latency_window_s);
-      for (const panel of document.querySelectorAll("[data-chart]")) draw(panel);
+      document.getElementById("live-interval").textContent = format.dec(state.interval_s);
+      redraw();
       document.body.dataset.livePoints = String(points.length);
       document.getElementById("live-updated").textContent = new Date().toLocaleTimeString();
       notice("");
@@ -152,7 +147,7 @@
     }
   }
 
-  document.getElementById("live-interval").textContent = intervalMs / 1000;
+  range?.addEventListener("change", redraw);
   poll();
   window.setInterval(poll, intervalMs);
 })();

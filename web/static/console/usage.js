@@ -66,38 +66,79 @@
     });
   }
 
-  // Totals per tenant over the buckets, largest token users first; names from the tenant picker.
-  function drawTenants(buckets) {
+  function row(body, cells, data = {}) {
+    const tr = document.createElement("tr");
+    Object.assign(tr.dataset, data);
+    cells.forEach(([text, numeric]) => {
+      const td = document.createElement("td");
+      td.textContent = text;
+      if (numeric) td.className = "num";
+      tr.append(td);
+    });
+    body.append(tr);
+  }
+
+  // Money per currency, e.g. "$1.20 + €0.40"; "no price" when nothing was priced.
+  function cost(byCurrency) {
+    const parts = Object.entries(byCurrency).filter(([c]) => c)
+      .map(([currency, micros]) => format.money(micros, currency));
+    return parts.length ? parts.join(" + ") : "no price";
+  }
+
+  // Sums of spend rows grouped by ``keyOf``, largest token users first.
+  function group(rows, keyOf) {
+    const sums = new Map();
+    for (const r of rows) {
+      const key = keyOf(r);
+      const sum = sums.get(key) ?? { first: r, requests: 0, failed: 0, prompt: 0, cached: 0, completion: 0, cost: {} };
+      sum.requests += r.requests;
+      sum.failed += r.failed;
+      sum.prompt += r.prompt_tokens;
+      sum.cached += r.cached_tokens;
+      sum.completion += r.completion_tokens;
+      sum.cost[r.currency] = (sum.cost[r.currency] ?? 0) + r.cost_micros;
+      sums.set(key, sum);
+    }
+    return [...sums.entries()].sort(([, a], [, b]) => b.prompt + b.completion - (a.prompt + a.completion));
+  }
+
+  function fill(id, groups, cells) {
+    const body = document.querySelector(`#${id} tbody`);
+    body.replaceChildren();
+    for (const [key, sum] of groups) cells(body, key, sum);
+    document.getElementById(id).hidden = groups.length === 0;
+    document.getElementById(`${id}-empty`).hidden = groups.length > 0;
+  }
+
+  // Spend by tenant (with its refusals), by key and by model over the days shown.
+  async function loadSpend(start, end, tenantId) {
     const names = new Map(
       [...document.getElementById("usage-form").tenant_id.options].map((o) => [o.value, o.text]));
-    const sums = new Map();
-    for (const b of buckets) {
-      const sum = sums.get(b.tenant_id) ?? { requests: 0, prompt: 0, cached: 0, completion: 0 };
-      sum.requests += b.requests;
-      sum.prompt += b.prompt_tokens;
-      sum.cached += b.cached_tokens;
-      sum.completion += b.completion_tokens;
-      sums.set(b.tenant_id, sum);
+    const params = new URLSearchParams({ start: start.toISOString(), end: end.toISOString() });
+    if (tenantId) params.set("tenant_id", tenantId);
+    const refusalParams = new URLSearchParams(tenantId ? { tenant_id: tenantId } : {});
+    const [rows, refusals] = await Promise.all([
+      api("GET", `${Atrium.apiRoot}/spend?${params}`),
+      api("GET", `${Atrium.apiRoot}/refusals?${refusalParams}`),
+    ]);
+    const refused = new Map();
+    for (const t of refusals.totals) refused.set(t.tenant_id, (refused.get(t.tenant_id) ?? 0) + t.count);
+    const tenants = group(rows, (r) => r.tenant_id);
+    for (const id of refused.keys()) {
+      if (!tenants.some(([t]) => t === id)) tenants.push([id, { requests: 0, failed: 0, prompt: 0, cached: 0, completion: 0, cost: {} }]);
     }
-    const rows = [...sums.entries()].sort(
-      ([, a], [, b]) => b.prompt + b.completion - (a.prompt + a.completion));
-    const body = document.querySelector("#usage-tenants tbody");
-    body.replaceChildren();
-    for (const [tenantId, sum] of rows) {
-      const row = document.createElement("tr");
-      row.dataset.tenantId = tenantId;
-      const cells = [names.get(tenantId) ?? tenantId, ...[sum.requests, sum.prompt, sum.cached,
-        sum.completion].map(format.int)];
-      cells.forEach((text, i) => {
-        const td = document.createElement("td");
-        td.textContent = text;
-        if (i > 0) td.className = "num";
-        row.append(td);
-      });
-      body.append(row);
-    }
-    document.getElementById("usage-tenants").hidden = rows.length === 0;
-    document.getElementById("usage-tenants-empty").hidden = rows.length > 0;
+    fill("usage-tenants", tenants, (body, id, sum) => row(body, [
+      [names.get(id) ?? id], [format.int(sum.requests), true], [format.int(sum.failed), true],
+      [format.int(sum.prompt), true], [format.int(sum.cached), true], [format.int(sum.completion), true],
+      [cost(sum.cost), true], [format.int(refused.get(id) ?? 0), true]], { tenantId: id }));
+    fill("usage-keys", group(rows, (r) => `${r.tenant_id} ${r.key_id ?? ""}`), (body, _, sum) => row(body, [
+      [names.get(sum.first.tenant_id) ?? sum.first.tenant_id],
+      [sum.first.key_name ?? sum.first.key_id ?? "no key"],
+      [format.int(sum.requests), true], [format.int(sum.prompt + sum.completion), true],
+      [cost(sum.cost), true]], { keyId: sum.first.key_id ?? "" }));
+    fill("usage-models", group(rows, (r) => r.model), (body, model, sum) => row(body, [
+      [model], [format.int(sum.requests), true], [format.int(sum.failed), true],
+      [format.int(sum.prompt + sum.completion), true], [cost(sum.cost), true]], { model }));
   }
 
   async function load(granularity, count, tenantId) {
@@ -108,7 +149,7 @@
     const buckets = await api("GET", `${Atrium.apiRoot}/usage?${params}`);
     const points = series(buckets, start, end, granularity);
     draw(granularity, points);
-    if (granularity === "day") drawTenants(buckets);
+    if (granularity === "day") await loadSpend(start, end, tenantId);
     return points;
   }
 
