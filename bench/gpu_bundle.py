@@ -54,19 +54,23 @@ ANY_PYTHON = [
 ]
 
 
-def download(requirement: str, dest: Path, python: str | None) -> Path:
-    """One wheel, for the target Python and platform when ``python`` is given."""
+def download(requirements: Sequence[str], dest: Path, python: str | None) -> list[Path]:
+    """Wheels in one pip run (each run costs seconds of index reads), for the target Python and
+    platform when ``python`` is given; in the order asked."""
     dest.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in (PLATFORM, *OLDER_PLATFORMS) for a in ("--platform", p)]
     target = ["--python-version", python, *platforms] if python else []
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-    subprocess.run([*cmd, *target, "-d", str(dest), requirement], check=True)
-    name = requirement.split("==", maxsplit=1)[0].replace("-", "_").lower()
-    version = requirement.split("==")[1]
-    found = [w for w in dest.glob("*.whl") if w.name.lower().startswith(f"{name}-{version}-")]
-    if len(found) != 1:
-        raise SystemExit(f"expected one wheel of {requirement} in {dest}, found {found}")
-    return found[0]
+    subprocess.run([*cmd, *target, "-d", str(dest), *requirements], check=True)
+    wheels = []
+    for requirement in requirements:
+        name = requirement.split("==", maxsplit=1)[0].replace("-", "_").lower()
+        version = requirement.split("==")[1]
+        found = [w for w in dest.glob("*.whl") if w.name.lower().startswith(f"{name}-{version}-")]
+        if len(found) != 1:
+            raise SystemExit(f"expected one wheel of {requirement} in {dest}, found {found}")
+        wheels.append(found[0])
+    return wheels
 
 
 def _record_hash(data: bytes) -> str:
@@ -80,7 +84,7 @@ def prune_wheel(full: Path, out: Path, keep_data: set[str]) -> None:
     records: list[str] = []
     with (
         zipfile.ZipFile(full) as src,
-        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as dst,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as dst,
     ):
         record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
         for info in src.infolist():
@@ -94,7 +98,7 @@ def prune_wheel(full: Path, out: Path, keep_data: set[str]) -> None:
             ):
                 continue
             data = src.read(info)
-            dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+            dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=6)
             records.append(f"{name},{_record_hash(data)},{len(data)}")
         records.append(f"{record_name},,")
         dst.writestr(record_name, "\n".join(records) + "\n")
@@ -118,9 +122,23 @@ def describe_modules(site: Path) -> dict[str, Any]:
     return result
 
 
-def install(wheels: Sequence[Path], site: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target"]
-    subprocess.run([*cmd, str(site), *map(str, wheels)], check=True)
+def unpack(wheels: Sequence[Path], site: Path) -> None:
+    """Wheels laid out as pip's ``--target`` would for importing (purelib and platlib at the top;
+    no scripts): an unzip, a second where pip takes close to a minute on the FlashInfer wheel. Only
+    inspected here; the GPU machine installs the bundle with pip."""
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as whl:
+            for info in whl.infolist():
+                parts = info.filename.split("/")
+                if parts[0].endswith(".data"):
+                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                        continue
+                    parts = parts[2:]
+                if info.is_dir() or ".." in parts:
+                    continue
+                target = site.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(whl.read(info))
 
 
 def entry(wheel: Path, module: str, exact: bool, root: Path) -> dict[str, Any]:
@@ -132,23 +150,25 @@ def entry(wheel: Path, module: str, exact: bool, root: Path) -> dict[str, Any]:
 
 def build(out: Path, pythons: Sequence[str], cache: Path) -> dict[str, Any]:
     local = f"{sys.version_info.major}.{sys.version_info.minor}"
-    full = download(FLASHINFER, cache, None)  # the full wheel stays outside the bundle
+    (full,) = download([FLASHINFER], cache, None)  # the full wheel stays outside the bundle
     entries: list[dict[str, Any]] = []
     for python in sorted(set(pythons)):
         folder = out / "wheels" / f"cp{python.replace('.', '')}"
-        for req, module, exact in PER_PYTHON:
-            entries.append(entry(download(req, folder, python), module, exact, out))
-    for req, module, exact in ANY_PYTHON[1:]:
-        entries.append(entry(download(req, out / "wheels" / "any", local), module, exact, out))
+        wheels = download([req for req, _, _ in PER_PYTHON], folder, python)
+        for wheel, (_, module, exact) in zip(wheels, PER_PYTHON, strict=True):
+            entries.append(entry(wheel, module, exact, out))
+    wheels = download([req for req, _, _ in ANY_PYTHON[1:]], out / "wheels" / "any", local)
+    for wheel, (_, module, exact) in zip(wheels, ANY_PYTHON[1:], strict=True):
+        entries.append(entry(wheel, module, exact, out))
     cp_local = f"cp{local.replace('.', '')}"
     support = [out / e["file"] for e in entries if e["file"].split("/")[1] in ("any", cp_local)]
     with tempfile.TemporaryDirectory() as tmp:
         full_site, pruned_site = Path(tmp) / "full", Path(tmp) / "pruned"
-        install([full, *support], full_site)
+        unpack([full, *support], full_site)
         needed = describe_modules(full_site)
         pruned = out / "wheels" / "any" / full.name
         prune_wheel(full, pruned, set(needed["data_files"]))
-        install([pruned, *support], pruned_site)
+        unpack([pruned, *support], pruned_site)
         check = describe_modules(pruned_site)
         api = extract_api(pruned_site / "flashinfer")
     if check["modules"] != needed["modules"]:
