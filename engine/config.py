@@ -9,6 +9,7 @@ CPU_MAX_NUM_BATCHED_TOKENS = 2048
 GPU_MAX_NUM_BATCHED_TOKENS = 8192
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 MAX_MEMORY_FRACTION = 0.95  # some memory always stays for the step's own tensors
+PREFILL_KERNELS = ("auto", "fa2", "fa3")  # FlashInfer's prefill kernels (auto: FA3 on sm90)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,8 @@ class EngineConfig:
     device: str = "cpu"
     max_loras: int = 0
     max_lora_rank: int = 16
+    # FlashInfer's prefill kernel on CUDA: auto (FA3 on Hopper, FA2 elsewhere), fa2 or fa3.
+    prefill_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -82,6 +85,8 @@ class EngineConfig:
             raise ValueError("max_loras must be between 0 and 256")
         if not 1 <= self.max_lora_rank <= 512:
             raise ValueError("max_lora_rank must be between 1 and 512")
+        if self.prefill_kernel not in PREFILL_KERNELS:
+            raise ValueError(f"prefill_kernel must be one of {', '.join(PREFILL_KERNELS)}")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
 

@@ -118,7 +118,12 @@ class LLMEngine:
             model_config,
             backend=backend
             or create_backend(
-                device, model_config, page_size=page_size, dtype=dtype, num_pages=self.num_pages
+                device,
+                model_config,
+                page_size=page_size,
+                dtype=dtype,
+                num_pages=self.num_pages,
+                prefill_kernel=config.prefill_kernel,
             ),
             num_pages=self.num_pages,
             page_size=page_size,
@@ -470,10 +475,8 @@ class LLMEngine:
             logits = logits.float()
             self.structured.apply(logits, mask)
         logits = process_logits(logits, states)
-        chosen = self.sampler(logits, params, generators).token_ids
-        if raw is None:
-            return chosen, {}
-        return chosen, gather_logprobs(raw, torch.tensor(chosen))
+        chosen = self.sampler.sample(logits, params, generators)
+        return gather_logprobs(chosen, raw)  # the step's one copy from the device
 
     def _check_isolation(self, seq: ScheduledSeq, outputs: list[RequestOutput]) -> bool:
         request = seq.request

@@ -33,24 +33,34 @@ def take_raw(logits: torch.Tensor, wanted: Sequence[int | None]) -> RawLogprobs 
     return RawLogprobs(rows, top_k, torch.log_softmax(logits[index].float(), dim=-1))
 
 
-def gather(raw: RawLogprobs | None, token_ids: torch.Tensor) -> dict[int, TokenLogprob]:
-    """Each asking row's sampled token (``token_ids`` [num_rows]) with its logprob and top-k."""
+def gather(
+    token_ids: torch.Tensor, raw: RawLogprobs | None
+) -> tuple[list[int], dict[int, TokenLogprob]]:
+    """Every row's chosen token (``token_ids`` [num_rows], on the logits' device) and, for each
+    asking row, its logprob and top-k, brought to the host in one copy: the ids (exact in
+    float64 below 2**53) beside the float32 values widened without loss."""
     if raw is None:
-        return {}
+        return token_ids.tolist(), {}
     values = raw.values
-    index = torch.tensor(raw.rows, device=values.device)
+    num_rows, num_asking = token_ids.shape[0], len(raw.rows)
+    index = torch.tensor(raw.rows, dtype=torch.long, device=values.device)
     chosen_ids = token_ids.to(values.device)[index]
-    chosen = values.gather(1, chosen_ids[:, None]).squeeze(1).tolist()
+    chosen = values.gather(1, chosen_ids[:, None]).squeeze(1)
+    parts = [token_ids.to(values.device).double(), chosen.double()]
     max_k = max(raw.top_k)
-    top_values: list[list[float]] = [[] for _ in raw.rows]
-    top_ids: list[list[int]] = [[] for _ in raw.rows]
     if max_k > 0:
         top = values.topk(max_k, dim=-1)
-        top_values, top_ids = top.values.tolist(), top.indices.tolist()
+        parts += [top.values.double().flatten(), top.indices.double().flatten()]
+    flat: list[float] = torch.cat(parts).tolist()
+    ids = [int(t) for t in flat[:num_rows]]
+    logprobs = flat[num_rows : num_rows + num_asking]
+    start = num_rows + num_asking
+    span = num_asking * max_k
+    top_values = flat[start : start + span]
+    top_ids = flat[start + span : start + 2 * span]
     result: dict[int, TokenLogprob] = {}
-    for j, (row, k, token_id) in enumerate(
-        zip(raw.rows, raw.top_k, chosen_ids.tolist(), strict=True)
-    ):
-        pairs = tuple(zip(top_ids[j][:k], top_values[j][:k], strict=True))
-        result[row] = TokenLogprob(int(token_id), float(chosen[j]), pairs)
-    return result
+    for j, (row, k) in enumerate(zip(raw.rows, raw.top_k, strict=True)):
+        at = j * max_k
+        pairs = tuple((int(top_ids[at + i]), top_values[at + i]) for i in range(k))
+        result[row] = TokenLogprob(ids[row], logprobs[j], pairs)
+    return ids, result

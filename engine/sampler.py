@@ -3,6 +3,11 @@
 Rows are filtered together; randomness comes from an exponential race (``argmax(p / q)`` with
 ``q ~ Exp(1)``), each seeded row drawing its noise from its own generator so that a seeded request
 samples the same tokens whatever else shares the batch.
+
+Everything runs on the logits' device: unseeded rows draw from a generator kept per device (PyTorch
+refuses a CPU generator for a CUDA tensor), every index and parameter tensor is made there, and
+``sample`` returns the chosen ids as a device tensor, so the engine copies a step's results to
+the host once. Only on the CPU does a step look at a value before the end (``_sample_rows``).
 """
 
 from __future__ import annotations
@@ -26,15 +31,25 @@ class SamplerOutput(NamedTuple):
 class Sampler:
     """Chooses one token per row of a step's logits."""
 
-    __slots__ = ("_generator",)
+    __slots__ = ("_generators", "_seed")
 
     def __init__(self, seed: int | None = None) -> None:
-        # Unseeded requests share this generator; seeded ones bring their own.
-        self._generator = torch.Generator()
-        if seed is None:
-            self._generator.seed()
-        else:
-            self._generator.manual_seed(seed)
+        # Unseeded requests share one generator per device, made on first use; seeded ones
+        # bring their own (made by the engine on its device).
+        self._seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        """The shared generator of ``device`` (seeded as the sampler was, else at random)."""
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            if self._seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(self._seed)
+            self._generators[device] = generator
+        return generator
 
     def __call__(
         self,
@@ -43,6 +58,22 @@ class Sampler:
         generators: Sequence[torch.Generator | None],
         return_logprobs: bool = False,
     ) -> SamplerOutput:
+        token_ids = self.sample(logits, params, generators)
+        if not return_logprobs:
+            return SamplerOutput(token_ids.tolist(), None)
+        all_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = all_logprobs.gather(1, token_ids[:, None]).squeeze(1)
+        # One copy to the host: ids (exact in float64 below 2**53) beside their logprobs.
+        ids, logprobs = torch.stack([token_ids.double(), chosen.double()]).tolist()
+        return SamplerOutput([int(t) for t in ids], logprobs)
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # [num_seqs, vocab_size]
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> torch.Tensor:  # [num_seqs] int64, on the logits' device
+        """The chosen token of every row, left on the device."""
         num_seqs = logits.shape[0]
         if len(params) != num_seqs or len(generators) != num_seqs:
             raise ValueError("one SamplingParams and one generator slot per logits row")
@@ -52,14 +83,8 @@ class Sampler:
         if not random_rows:  # the common all-greedy step: one argmax over the batch
             # max's indices are argmax's (the first of equal maxima; NaN counts as the max)
             # at half the cost on CPU, where argmax runs a slower reduction.
-            token_ids = logits.max(dim=-1).indices
-        else:
-            token_ids = self._choose(logits, params, generators, greedy_rows, random_rows)
-        logprobs: list[float] | None = None
-        if return_logprobs:
-            all_logprobs = torch.log_softmax(logits, dim=-1)
-            logprobs = all_logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
-        return SamplerOutput(token_ids.tolist(), logprobs)
+            return logits.max(dim=-1).indices
+        return self._choose(logits, params, generators, greedy_rows, random_rows)
 
     def _choose(
         self,
@@ -107,16 +132,19 @@ class Sampler:
         noise = torch.empty_like(probs)
         shared = [i for i, g in enumerate(generators) if g is None]
         if len(shared) == len(generators):
-            noise = _exponential(noise, self._generator)
+            noise = _exponential(noise, self.generator_for(device))
         elif shared:
             block = torch.empty(len(shared), probs.shape[1], device=device)
-            noise[shared] = _exponential(block, self._generator)
+            rows = torch.tensor(shared, dtype=torch.long, device=device)
+            noise[rows] = _exponential(block, self.generator_for(device))
         for i, generator in enumerate(generators):
             if generator is not None:
                 _exponential(noise[i], generator)
         # The noise is positive, so a filtered-out token (probability 0) scores 0 and never wins.
         chosen = (probs / noise).argmax(dim=-1)
-        if bool(broken.any()):
+        # On the CPU the check is cheaper than an argmax of every row; elsewhere reading it would
+        # wait for the device, so the fallback is always computed.
+        if device.type != "cpu" or bool(broken.any()):
             chosen = torch.where(broken, clean.argmax(dim=-1), chosen)
         return chosen
 

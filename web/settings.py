@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from engine.config import MAX_MEMORY_FRACTION
+from engine.config import MAX_MEMORY_FRACTION, PREFILL_KERNELS
 
 ENV_PREFIX = "ATRIUM_"
 
@@ -81,6 +81,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # LoRA adapters resident at once (0: adapters off) and the largest rank one may have.
     max_loras: int = 4
     max_lora_rank: int = 16
+    # FlashInfer's prefill kernel on CUDA: auto (FA3 on Hopper, FA2 elsewhere), fa2 or fa3.
+    prefill_kernel: str = "auto"
     # The longest a step may take, so each running request's time per output token: "auto"
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
@@ -175,6 +177,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError("max_loras must be between 0 and 256")
         if not 1 <= self.max_lora_rank <= 512:
             raise SettingsError("max_lora_rank must be between 1 and 512")
+        if self.prefill_kernel not in PREFILL_KERNELS:
+            raise SettingsError(f"prefill_kernel must be one of {', '.join(PREFILL_KERNELS)}")
         if self.torch_threads is not None and self.torch_threads <= 0:
             raise SettingsError("torch_threads must be positive")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:

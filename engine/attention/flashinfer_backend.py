@@ -16,11 +16,10 @@ import torch
 
 from engine.attention.backend import AttentionBackend, BackendUnavailableError
 from engine.attention.metadata import AttentionMetadata
+from engine.config import PREFILL_KERNELS
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 WrapperKind = Literal["prefill", "decode"]
-# FlashInfer's prefill kernels: "auto" picks FA3 on sm90 (H100/H200) and FA2 elsewhere.
-PREFILL_KERNELS = ("auto", "fa2", "fa3")
 
 
 class PagedWrapper(Protocol):
@@ -93,8 +92,9 @@ def build_plan_args(
     """Derive and check the plan arguments; raises ``ValueError`` naming the broken invariant.
 
     The indptrs and last-page lengths are rebuilt from the host lists ``qo_lens``/``kv_lens`` so
-    planning never waits on the GPU; page ids and slots are bounds-checked (one sync on CUDA)
-    because an id outside the pool would make the kernel read or write out of bounds.
+    planning never waits on the GPU; page ids and slots are bounds-checked, because an id outside
+    the pool would make the kernel read or write out of bounds: from the metadata's host bounds
+    when it has them (``build_attention_metadata`` on a GPU), else from the tensors (a sync).
     """
     page_size = meta.page_size
     if page_size < 1:
@@ -121,9 +121,12 @@ def build_plan_args(
     _check_tensor("slot_mapping", meta.slot_mapping, torch.int64, num_tokens)
     if meta.qo_indptr.device.type == "cpu":
         _check_host_table(meta, qo_indptr, kv_indptr, last_page_len)
-    pages, slots = meta.kv_indices, meta.slot_mapping.to(meta.kv_indices.device)
-    bounds = torch.stack([pages.min().long(), pages.max().long(), slots.min(), slots.max()])
-    lo_page, hi_page, lo_slot, hi_slot = bounds.tolist()  # one sync when on CUDA
+    if meta.host_bounds is not None:  # read from the lists the tensors were made of
+        lo_page, hi_page, lo_slot, hi_slot = meta.host_bounds
+    else:
+        pages, slots = meta.kv_indices, meta.slot_mapping.to(meta.kv_indices.device)
+        bounds = torch.stack([pages.min().long(), pages.max().long(), slots.min(), slots.max()])
+        lo_page, hi_page, lo_slot, hi_slot = bounds.tolist()  # a sync when on CUDA
     pool = num_pages if num_pages is not None else hi_page + 1
     if lo_page < 0 or hi_page >= pool:
         raise ValueError(f"kv_indices span {lo_page}..{hi_page}, outside the pool 0..{pool - 1}")

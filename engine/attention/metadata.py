@@ -33,6 +33,9 @@ class AttentionMetadata:
     # Host copies for backends that loop or plan on the CPU.
     qo_lens: list[int]
     kv_lens: list[int]
+    # (lowest page id, highest page id, lowest slot, highest slot), read from the host lists
+    # when the tensors live on an accelerator, so a backend checks bounds without reading them.
+    host_bounds: tuple[int, int, int, int] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -74,6 +77,9 @@ def build_attention_metadata(
             slots.append(pages[pos // page_size] * page_size + pos % page_size)
         qo_lens.append(seq.num_new_tokens)
         kv_lens.append(kv_len)
+    bounds = None
+    if torch.device(device).type != "cpu" and slots:
+        bounds = (min(kv_indices), max(kv_indices), min(slots), max(slots))
     return AttentionMetadata(
         qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32, device=device),
         kv_indptr=torch.tensor(kv_indptr, dtype=torch.int32, device=device),
@@ -83,4 +89,5 @@ def build_attention_metadata(
         page_size=page_size,
         qo_lens=qo_lens,
         kv_lens=kv_lens,
+        host_bounds=bounds,
     )

@@ -63,11 +63,13 @@ class LoraRows(NamedTuple):
         num_slots = max(by_slot) + 1
         limit = DENSE_MAX_ROW_SLOTS if dense_max is None else dense_max
         if len(row_slots) * num_slots <= limit:
-            onehot = torch.zeros(len(row_slots), num_slots, dtype=dtype)
+            flat = [0.0] * (len(row_slots) * num_slots)
             for slot, rows in by_slot.items():
-                onehot[rows, slot] = 1.0
+                for row in rows:
+                    flat[row * num_slots + slot] = 1.0
+            onehot = torch.tensor(flat, dtype=dtype, device=device).view(len(row_slots), -1)
             empty = torch.empty(0, dtype=torch.long, device=device)
-            return cls(empty, empty, empty, empty, 0, used, onehot.to(device))
+            return cls(empty, empty, empty, empty, 0, used, onehot)
         num_rows = sum(len(rows) for rows in by_slot.values())
         # Blocks of a power of two near the mean rows per slot: the padding stays under about
         # twice the rows, and a long prefill of one adapter does not pad every other slot.

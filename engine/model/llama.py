@@ -293,7 +293,7 @@ class LlamaForCausalLM(nn.Module):
             )
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         if self.config.spec.embed_scale:  # Gemma: by sqrt(hidden), rounded to the model dtype
-            x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+            x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype, device=x.device)
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             # The last layer runs its output projection and MLP on the sampled rows alone: the

@@ -60,10 +60,36 @@ class MaskFiller:
 
     @staticmethod
     def apply(logits: torch.Tensor, mask: StepMask) -> None:
-        """Set the logits of forbidden tokens to -inf, in place (float32 logits)."""
+        """Set the logits of forbidden tokens to -inf, in place (float32 logits). On the CPU
+        xgrammar's kernel does it; elsewhere the bitmask is copied to the logits' device once
+        and unpacked there (``apply_on_device``)."""
         vocab = min(logits.shape[1], mask.bitmask.shape[1] * 32)
-        bitmask = mask.bitmask.to(logits.device, non_blocking=True)  # filled on the CPU
-        xgrammar.apply_token_bitmask_inplace(logits, bitmask, indices=mask.rows, vocab_size=vocab)
+        if logits.device.type == "cpu":
+            xgrammar.apply_token_bitmask_inplace(
+                logits, mask.bitmask, indices=mask.rows, vocab_size=vocab
+            )
+            return
+        apply_on_device(logits, mask.bitmask, mask.rows, vocab)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def apply_on_device(
+    logits: torch.Tensor,  # [num_rows, width] float32, changed in place
+    bitmask: torch.Tensor,  # [num_mask_rows, words] int32 on the host, bit set = allowed
+    rows: list[int],  # the logits rows (and mask rows) to constrain
+    vocab: int,  # tokens covered: columns at or past it are left as they are
+) -> None:
+    """The bitmask applied with plain tensor operations on the logits' device: one copy of the
+    constrained rows' words there, each bit unpacked by a shift, forbidden logits set to -inf.
+    Needs no compiled kernel (xgrammar's own GPU path compiles a Triton kernel on first use)."""
+    if not rows:
+        return
+    device = logits.device
+    index = torch.tensor(rows, dtype=torch.long, device=device)
+    words = bitmask[rows].to(device, non_blocking=True)  # [len(rows), words]
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    allowed = ((words[:, :, None] >> shifts) & 1).flatten(1)[:, :vocab].bool()
+    sub = logits[index, :vocab].masked_fill(~allowed, float("-inf"))
+    logits[index, :vocab] = sub

@@ -41,6 +41,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         target_tpot_ms=settings.engine_target_tpot_ms,
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,
+        prefill_kernel=settings.prefill_kernel,
         dtype=settings.resolved_dtype,
         device=settings.resolved_device,
     )

@@ -35,8 +35,24 @@ def test_the_summary_gathers_every_stage(tmp_path: Path) -> None:
     ]
     bench = {"device_name": "H200", "prefill": {"tok_per_s": 9e4, "mfu": 0.41}, "decode": decode}
     (tmp_path / "gpu_bench_flashinfer.json").write_text(json.dumps(bench))
+    (tmp_path / "serve.json").write_text(
+        json.dumps(
+            {
+                "ok": False,
+                "device": "cuda",
+                "ready_s": 30.5,
+                "checks": [
+                    {"check": "greedy", "ok": True},
+                    {"check": "lora", "ok": False, "error": "404"},
+                ],
+                "burst": None,
+            }
+        )
+    )
     summary = gpu_summary.summarize(tmp_path)
     assert summary["ok"] is False  # the tests stage failed
+    assert summary["serve"]["checks"] == {"greedy": True, "lora": False}
+    assert summary["serve"]["failed"] == ["lora: 404"] and summary["serve"]["ready_s"] == 30.5
     assert summary["compile_seconds"] == {"m1": 81.5}
     assert summary["tests"]["failed"] == ["t::bad"] and summary["tests"]["tests"] == 3
     assert summary["bench"]["flashinfer"]["prefill_mfu"] == 0.41
@@ -83,14 +99,20 @@ def test_the_dry_run_passes_up_to_the_first_cuda_call(bundle: Path, tmp_path: Pa
     env.pop("PYTHONPATH", None)
     done = subprocess.run(
         ["bash", "bench/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=100, check=False,
+        text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [s["stage"] for s in summary["stages"]] == [
-        "tools", "install", "import", "warmup", "tests", "bench",
+        "tools", "install", "import", "warmup", "tests", "serve", "bench",
     ]  # fmt: skip
     assert summary["ok"] and summary["tests"]["tests"] == summary["tests"]["skipped"] > 0
+    # The serve stage's driver, on CPU: every check of a GPU run passed, the burst measured.
+    serve = summary["serve"]
+    assert serve["ok"] and serve["device"] == "cpu" and serve["failed"] == []
+    assert set(serve["checks"]) >= {"greedy", "seeded", "logprobs", "json_schema", "tool_call",
+                                    "two_tenants", "lora", "disconnect", "burst"}  # fmt: skip
+    assert serve["burst"]["streams"] == 8 and serve["burst"]["ttft_p99_ms"] > 0
     # FlashInfer comes from the bundle; tvm_ffi too, unless this Python has the same version.
     packages = {p["module"]: p for p in summary["versions"]["packages"]}
     assert packages["flashinfer"]["installed"]

@@ -361,3 +361,17 @@ def test_backend_rejects_other_page_sizes_and_head_counts() -> None:
         backend.plan(build_attention_metadata([SeqSlice([0], 0, 3)], PAGE * 2))
     with pytest.raises(ValueError, match="multiple"):
         FlashInferAttentionBackend(6, 4, D, PAGE, torch.float32, "cpu", wrapper_factory=Kernels())
+
+
+def test_plan_args_of_device_metadata_check_bounds_without_reading_the_device() -> None:
+    """Metadata made for an accelerator carries its page and slot bounds from the host lists;
+    planning reads those, never the tensors (here on ``meta``, where any read would raise)."""
+    seqs = [SeqSlice([7, 2], 5, 3), SeqSlice([40], 0, 1)]
+    meta = build_attention_metadata(seqs, PAGE, "meta")
+    assert meta.host_bounds == (2, 40, 9, 160)  # positions 5..7 in page 2, 0 in page 40
+    assert build_attention_metadata(seqs, PAGE, CPU).host_bounds is None
+    args = build_plan_args(meta, device=torch.device("meta"), num_pages=NUM_PAGES)
+    assert (args.max_page_id, args.max_slot, args.num_tokens) == (40, 160, 4)
+    assert args.qo_indptr.tolist() == [0, 3, 4] and args.kv_indices.device.type == "meta"
+    with pytest.raises(ValueError, match="outside the pool"):
+        build_plan_args(meta, device=torch.device("meta"), num_pages=40)

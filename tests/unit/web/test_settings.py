@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config import EngineConfig
 from web.cli import build_parser
 from web.settings import Settings, SettingsError
 
@@ -193,3 +194,12 @@ def test_lora_slots_and_rank_come_from_flags_and_twins_and_are_checked() -> None
     for bad in ({"max_loras": -1}, {"max_loras": 257}, {"max_lora_rank": 0}):
         with pytest.raises(SettingsError, match="max_lora"):
             Settings.load(bad, environ={})
+
+
+def test_prefill_kernel_comes_from_its_twin_and_is_checked_by_the_engine_config_too() -> None:
+    assert Settings.load(environ={}).prefill_kernel == "auto"
+    assert Settings.load(environ={"ATRIUM_PREFILL_KERNEL": "fa2"}).prefill_kernel == "fa2"
+    with pytest.raises(SettingsError, match="prefill_kernel must be one of auto, fa2, fa3"):
+        Settings.load(environ={"ATRIUM_PREFILL_KERNEL": "fa4"})
+    with pytest.raises(ValueError, match="prefill_kernel"):
+        EngineConfig(prefill_kernel="fa4")
