@@ -220,10 +220,12 @@ def build(out: Path, pythons: Sequence[str], cache: Path) -> dict[str, Any]:
     # The dry run's own Python serves from its virtual environment: only the GPU's get these.
     for python in sorted(set(pythons) - {local} or {local}):
         folder = out / "wheels" / f"cp{python.replace('.', '')}"
-        for req, module, exact in SERVE_PER_PYTHON:
-            entries.append(entry(download(req, folder, python), module, exact, out))
-    for req, module, exact in SERVE_ANY:
-        entries.append(entry(download(req, out / "wheels" / "any", local), module, exact, out))
+        wheels = download([req for req, _, _ in SERVE_PER_PYTHON], folder, python)
+        for wheel, (_, module, exact) in zip(wheels, SERVE_PER_PYTHON, strict=True):
+            entries.append(entry(wheel, module, exact, out))
+    wheels = download([req for req, _, _ in SERVE_ANY], out / "wheels" / "any", local)
+    for wheel, (_, module, exact) in zip(wheels, SERVE_ANY, strict=True):
+        entries.append(entry(wheel, module, exact, out))
     tokenizer = [
         {
             "file": f.relative_to(out).as_posix(),
