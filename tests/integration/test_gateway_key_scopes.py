@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from litestar.testing import TestClient
+from structlog.testing import capture_logs
 
 from tenants import Database, TenantDomain
 from tenants.key_policy import KeyRotate, KeySpec
@@ -124,6 +125,7 @@ def test_a_key_limit_refuses_with_429(gateway: tuple[TestClient[Any], Any]) -> N
     assert refused.headers["x-ratelimit-limit-requests"] == "1"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert RESET.fullmatch(refused.headers["x-ratelimit-reset-requests"])
+    assert refused.headers["x-request-id"]
     free = call("full")
     assert free.status_code == 200  # the tenant itself has no limit
     assert not any(name.startswith("x-ratelimit-") for name in free.headers)
@@ -149,6 +151,7 @@ def test_per_minute_limits_in_headers_and_refusals(gateway: tuple[TestClient[Any
     assert "it can never be admitted" in message
     assert "retry-after" not in never.headers
     assert never.headers["x-ratelimit-remaining-requests"] == "1"  # it took nothing
+    assert never.headers["x-request-id"]
     assert call("metered").status_code == 200
     refused = call("metered")
     message = _error(refused, 429, "rate_limit_exceeded")
@@ -167,7 +170,8 @@ def test_a_spent_budget_is_insufficient_quota(gateway: tuple[TestClient[Any], An
     assert not any(name.startswith("x-ratelimit-") for name in served.headers)  # no rate limits
     # Above the whole budget: never admitted (400); within it but above what is left: 429.
     _error(call("budgeted", max_tokens=31 - prompt), 400, "tokens_exceed_limit")
-    refusals = [call("budgeted", max_tokens=30 - prompt) for _ in range(3)]
+    with capture_logs() as logs:
+        refusals = [call("budgeted", max_tokens=30 - prompt) for _ in range(3)]
     for refused in refusals:
         message = _error(refused, 429, "insufficient_quota")
         assert refused.json()["error"]["type"] == "insufficient_quota"
@@ -182,3 +186,8 @@ def test_a_spent_budget_is_insufficient_quota(gateway: tuple[TestClient[Any], An
         # No retry in a month's seconds: clients are told not to retry at all.
         assert "retry-after" not in refused.headers and "retry-after-ms" not in refused.headers
         assert refused.headers["x-should-retry"] == "false"
+    lines = [entry for entry in logs if entry["event"] == "request_done"]
+    assert [(line["status"], line["reason"]) for line in lines] == [
+        (429, "monthly_token_budget")
+    ] * 3
+    assert [line["request_id"] for line in lines] == [r.headers["x-request-id"] for r in refusals]
