@@ -612,8 +612,9 @@ class LLMEngine:
             text += request.detokenizer.flush()
         self._requests.pop(request.request_id, None)
         self.stats.num_finished += 1
-        log.info(
-            "request_finished",
+        # The gateway writes the request's one line (request_done); this is the engine's view.
+        log.debug(
+            "engine_request_finished",
             request_id=request.request_id,
             tenant_id=request.tenant_id,
             finish_reason=reason,

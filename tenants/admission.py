@@ -23,12 +23,18 @@ from tenants.errors import (
     InvalidInputError,
     InvalidKeyError,
     PromptTooLargeError,
-    QuotaExceededError,
     TenantSuspendedError,
 )
 from tenants.models import KeyRateBucket, RateBucket, Reservation, TokenBudget
-from tenants.rate_limit import Draw, drain, try_draw
+from tenants.rate_limit import Draw, RateState, drain, rate_state, refill_s, try_draw
 from tenants.records import UsageEvent
+from tenants.refusals import (
+    budget_exhausted,
+    check_reachable,
+    rate_limited,
+    tenant_rate_limited,
+    too_many_running,
+)
 from tenants.schemas import Admission, AuthContext, Quotas, Usage
 from tenants.settlement import BUDGET_ROW, Charge, release_all, take_reservations
 from tenants.tenant_service import load_tenant, quotas_of
@@ -61,24 +67,27 @@ class KeyLimit:
     bucket: KeyRateBucket | None
     rpm: int | None
 
-    def draw(self, now_s: float) -> Draw:
+    def draw(self, now_s: float, amount: int = 1) -> Draw:
         if self.bucket is None:
-            return try_draw(0.0, None, 1)
+            return try_draw(0.0, None, amount)
         elapsed = now_s - self.bucket.refilled_at
-        return try_draw(drain(self.bucket.requests_drawn, self.rpm, elapsed), self.rpm, 1)
+        return try_draw(drain(self.bucket.requests_drawn, self.rpm, elapsed), self.rpm, amount)
 
     def commit(self, draw: Draw, now_s: float) -> None:
         if self.bucket is not None:
             self.bucket.requests_drawn, self.bucket.refilled_at = draw.drawn, now_s
 
-    def tighter(
-        self, limit: int | None, remaining: int | None, draw: Draw
-    ) -> tuple[int | None, int | None]:
-        """The request limit to report: the key's when it leaves fewer requests than the
-        tenant's (or the tenant has none)."""
+    def reported(self, rate: RateState, draw: Draw) -> RateState:
+        """The rate state to report: the key's requests limit in place of the tenant's when
+        the key's leaves fewer requests (or the tenant has none)."""
+        remaining = rate.remaining_requests
         if self.bucket is None or (remaining is not None and remaining <= draw.remaining):
-            return limit, remaining
-        return self.rpm, draw.remaining
+            return rate
+        return rate._replace(
+            limit_requests=self.rpm,
+            remaining_requests=draw.remaining,
+            reset_requests_s=refill_s(draw, self.rpm),
+        )
 
 
 # Built once (statements cost more CPU to build than to run); parameters by name.
@@ -89,6 +98,7 @@ _LOCK_KEY_BUCKET = (
     select(KeyRateBucket).where(KeyRateBucket.key_id == bindparam("of_key")).with_for_update()
 )
 _SPENT = select(TokenBudget.used + TokenBudget.reserved).where(*BUDGET_ROW)
+_COST_SPENT = select(TokenBudget.cost_used + TokenBudget.cost_reserved).where(*BUDGET_ROW)
 
 
 @functools.cache
@@ -168,9 +178,11 @@ class AdmissionService:
                     session,
                     bucket,
                     KeyLimit(key_bucket, ctx.key_requests_per_minute),
+                    name=tenant.name,
                     quotas=quotas,
                     now=now,
-                    need=need,
+                    prompt_tokens=prompt_tokens,
+                    max_tokens=max_tokens,
                     cost=cost,
                     period=period,
                     request_id=request_id,
@@ -306,63 +318,71 @@ class AdmissionService:
         bucket: RateBucket,
         key: KeyLimit,
         *,
+        name: str,
         quotas: Quotas,
         now: datetime,
-        need: int,
+        prompt_tokens: int,
+        max_tokens: int,
         cost: int,
         period: str,
         request_id: str,
         key_id: str,
     ) -> Admission:
         rpm, tpm = quotas.requests_per_minute, quotas.tokens_per_minute
+        need = prompt_tokens + max_tokens
         now_s = now.timestamp()
         elapsed = now_s - bucket.refilled_at
-        requests = try_draw(drain(bucket.requests_drawn, rpm, elapsed), rpm, 1)
-        tokens = try_draw(drain(bucket.tokens_drawn, tpm, elapsed), tpm, need)
+        requests_now = drain(bucket.requests_drawn, rpm, elapsed)
+        tokens_now = drain(bucket.tokens_drawn, tpm, elapsed)
+        requests, tokens = try_draw(requests_now, rpm, 1), try_draw(tokens_now, tpm, need)
         key_requests = key.draw(now_s)
+        # A refusal reports the limits as they are (it takes nothing); an admission, after it.
+        rate = key.reported(
+            rate_state(rpm, try_draw(requests_now, rpm, 0), tpm, try_draw(tokens_now, tpm, 0)),
+            key.draw(now_s, 0),
+        )
+        check_reachable(
+            quotas,
+            name=name,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            cost=cost,
+            rate=rate,
+        )
         if requests.fits and tokens.fits and not key_requests.fits:
-            raise QuotaExceededError(
-                "requests per minute of this API key exceeded",
+            raise rate_limited(
                 reason="key_requests_per_minute",
+                per_minute="requests",
+                scope="key",
+                name=key_id,
+                limit=key.rpm or 0,
+                remaining=key_requests.remaining,
+                requested=1,
                 retry_after_s=key_requests.retry_after_s,
-                limit_requests=key.rpm,
-                remaining_requests=key_requests.remaining,
-                limit_tokens=tpm,
-                remaining_tokens=None if tpm is None else tokens.remaining,
+                rate=rate,
             )
         if not (requests.fits and tokens.fits):
-            raise QuotaExceededError(
-                "requests per minute exceeded"
-                if not requests.fits
-                else "tokens per minute exceeded",
-                reason="requests_per_minute" if not requests.fits else "tokens_per_minute",
-                retry_after_s=max(requests.retry_after_s, tokens.retry_after_s),
-                limit_requests=rpm,
-                remaining_requests=None if rpm is None else requests.remaining,
-                limit_tokens=tpm,
-                remaining_tokens=None if tpm is None else tokens.remaining,
+            raise tenant_rate_limited(
+                name=name, rpm=rpm, requests=requests, tpm=tpm, tokens=tokens, need=need, rate=rate
             )
         cap = quotas.max_concurrent_requests
         if cap is not None and bucket.in_flight >= cap:
-            raise QuotaExceededError(
-                f"{cap} concurrent requests already running",
+            raise too_many_running(
                 reason="max_concurrent_requests",
+                name=name,
+                cap=cap,
+                running=bucket.in_flight,
                 retry_after_s=CONCURRENCY_RETRY_S,
-                limit_requests=rpm,
-                remaining_requests=None if rpm is None else requests.remaining,
-                limit_tokens=tpm,
-                remaining_tokens=None if tpm is None else tokens.remaining,
+                rate=rate,
             )
         budget_left = await self._reserve_budget(
-            session, bucket.tenant_id, period, need, cost, quotas
+            session, bucket.tenant_id, period, need, cost, quotas, name=name, rate=rate
         )
         bucket.requests_drawn, bucket.tokens_drawn = requests.drawn, tokens.drawn
         bucket.refilled_at = now_s
         bucket.in_flight += 1
         key.commit(key_requests, now_s)
-        limit_requests, remaining_requests = key.tighter(
-            rpm, None if rpm is None else requests.remaining, key_requests
-        )
+        rate = key.reported(rate_state(rpm, requests, tpm, tokens), key_requests)
         return Admission(
             request_id=request_id,
             tenant_id=bucket.tenant_id,
@@ -370,10 +390,12 @@ class AdmissionService:
             reserved_tokens=need,
             period=period,
             admitted_at=now,
-            limit_requests=limit_requests,
-            remaining_requests=remaining_requests,
-            limit_tokens=tpm,
-            remaining_tokens=None if tpm is None else tokens.remaining,
+            limit_requests=rate.limit_requests,
+            remaining_requests=rate.remaining_requests,
+            reset_requests_s=rate.reset_requests_s,
+            limit_tokens=rate.limit_tokens,
+            remaining_tokens=rate.remaining_tokens,
+            reset_tokens_s=rate.reset_tokens_s,
             remaining_budget=budget_left,
         )
 
@@ -385,10 +407,13 @@ class AdmissionService:
         need: int,
         cost: int,
         quotas: Quotas,
+        *,
+        name: str,
+        rate: RateState,
     ) -> int | None:
         """Reserve ``need`` tokens (and ``cost`` micro-units) of the month's budgets; returns
         what is left of the token budget after this reservation (None without one), or raises
-        QuotaExceededError."""
+        BudgetExhaustedError."""
         budget, money = quotas.monthly_token_budget, quotas.monthly_cost_budget
         stmt = _reserve_stmt(budget is not None, money is not None)
         params = {
@@ -413,17 +438,26 @@ class AdmissionService:
             return budget - int(await session.scalar(_SPENT, spent_now) or 0)
         spent = int(await session.scalar(_SPENT, spent_now) or 0)
         now = self._clock()
+        resets_at = next_month_start(now)
         if budget is None or spent + need <= budget:  # the money ran out, not the tokens
-            raise QuotaExceededError(
-                f"monthly cost budget exhausted: this request may cost {cost} micro-units, "
-                f"more than is left of {money}",
-                reason="monthly_cost_budget",
-                retry_after_s=(next_month_start(now) - now).total_seconds(),
+            cost_spent = int(await session.scalar(_COST_SPENT, spent_now) or 0)
+            raise budget_exhausted(
+                cost=True,
+                name=name,
+                budget=money or 0,
+                spent=cost_spent,
+                need=cost,
+                resets_at=resets_at,
+                now=now,
+                rate=rate,
             )
-        raise QuotaExceededError(
-            "monthly token budget exhausted",
-            reason="monthly_token_budget",
-            retry_after_s=(next_month_start(now) - now).total_seconds(),
-            limit_tokens=budget,
-            remaining_tokens=max(0, (budget or 0) - (spent or 0)),
+        raise budget_exhausted(
+            cost=False,
+            name=name,
+            budget=budget,
+            spent=spent,
+            need=need,
+            resets_at=resets_at,
+            now=now,
+            rate=rate,
         )

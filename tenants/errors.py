@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from atrium_errors import AtriumError
+from tenants.rate_limit import NO_LIMITS, RateState
 
 
 class TenantError(AtriumError):
@@ -65,9 +68,11 @@ class PromptTooLargeError(TenantError):
 
 
 class QuotaExceededError(TenantError):
-    """A rate limit, the concurrency cap or the monthly budget refused the request (HTTP 429).
+    """A rate limit, the concurrency cap or a monthly budget refused the request (HTTP 429).
 
-    ``limit_*``/``remaining_*`` are ``None`` when the tenant has no such limit.
+    ``reason`` names the limit (``requests_per_minute``, ``key_requests_per_minute``, …),
+    ``scope`` whose it is (``"key"`` or ``"tenant"``); ``rate`` is the state of the per-minute
+    limits, for the response's ``x-ratelimit-*`` headers.
     """
 
     code = "rate_limit_exceeded"
@@ -78,18 +83,77 @@ class QuotaExceededError(TenantError):
         *,
         reason: str,
         retry_after_s: float,
-        limit_requests: int | None = None,
-        remaining_requests: int | None = None,
-        limit_tokens: int | None = None,
-        remaining_tokens: int | None = None,
+        scope: str = "tenant",
+        rate: RateState = NO_LIMITS,
     ) -> None:
         super().__init__(message)
         self.reason = reason
         self.retry_after_s = retry_after_s
-        self.limit_requests = limit_requests
-        self.remaining_requests = remaining_requests
-        self.limit_tokens = limit_tokens
-        self.remaining_tokens = remaining_tokens
+        self.scope = scope
+        self.rate = rate
+
+    @property
+    def limit_requests(self) -> int | None:
+        return self.rate.limit_requests
+
+    @property
+    def remaining_requests(self) -> int | None:
+        return self.rate.remaining_requests
+
+    @property
+    def limit_tokens(self) -> int | None:
+        return self.rate.limit_tokens
+
+    @property
+    def remaining_tokens(self) -> int | None:
+        return self.rate.remaining_tokens
+
+
+class BudgetExhaustedError(QuotaExceededError):
+    """A monthly budget (tokens, or money in micro-units) cannot cover the request until it
+    resets at ``resets_at`` (HTTP 429 ``insufficient_quota``: retrying sooner cannot help)."""
+
+    code = "insufficient_quota"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        budget: int,
+        remaining: int,
+        resets_at: datetime,
+        retry_after_s: float,
+        rate: RateState = NO_LIMITS,
+    ) -> None:
+        super().__init__(message, reason=reason, retry_after_s=retry_after_s, rate=rate)
+        self.budget = budget
+        self.remaining = remaining
+        self.resets_at = resets_at
+
+
+class LimitUnreachableError(TenantError):
+    """The request asks for more than a limit ever allows (its prompt and ``max_tokens`` above
+    the tokens per minute or the monthly budget): it can never be admitted (HTTP 400)."""
+
+    code = "tokens_exceed_limit"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        limit: int,
+        requested: int,
+        param: str = "max_tokens",
+        rate: RateState = NO_LIMITS,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.limit = limit
+        self.requested = requested
+        self.param = param
+        self.rate = rate
 
 
 class DuplicateRequestError(TenantError):

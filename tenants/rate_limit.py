@@ -40,3 +40,40 @@ def try_draw(drawn: float, limit: int | None, amount: int) -> Draw:
         return Draw(False, drawn, remaining, SECONDS_PER_MINUTE)  # never fits in one minute
     wait = (drawn + amount - limit) * SECONDS_PER_MINUTE / limit
     return Draw(False, drawn, remaining, wait)
+
+
+class RateState(NamedTuple):
+    """The per-minute limits as a response reports them (``x-ratelimit-*``): each limit, what
+    is left of it, and the seconds until its bucket is full again; None: no such limit."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float | None = None
+
+
+NO_LIMITS = RateState()  # a tenant without per-minute limits reports none
+
+
+def refill_s(draw: Draw, limit: int | None) -> float | None:
+    """Seconds until a bucket holding ``draw.drawn`` has refilled to ``limit`` (None: no limit)."""
+    if limit is None:
+        return None
+    if limit == 0:
+        return 0.0
+    return draw.drawn * SECONDS_PER_MINUTE / limit
+
+
+def rate_state(rpm: int | None, requests: Draw, tpm: int | None, tokens: Draw) -> RateState:
+    """What the tenant's requests and tokens buckets report after ``requests`` and ``tokens``
+    were tried (drawn when they fit, untouched when not)."""
+    return RateState(
+        limit_requests=rpm,
+        remaining_requests=None if rpm is None else requests.remaining,
+        reset_requests_s=refill_s(requests, rpm),
+        limit_tokens=tpm,
+        remaining_tokens=None if tpm is None else tokens.remaining,
+        reset_tokens_s=refill_s(tokens, tpm),
+    )

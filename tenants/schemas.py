@@ -14,6 +14,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from tenants.errors import InvalidInputError
+from tenants.rate_limit import RateState
 
 TenantStatus = Literal["active", "suspended", "deleted"]
 PatchableStatus = Literal["active", "suspended"]
@@ -200,11 +201,24 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     admitted_at: datetime
     limit_requests: int | None = None
     remaining_requests: int | None = None
+    reset_requests_s: float | None = None  # until the requests bucket is full again
     limit_tokens: int | None = None
     remaining_tokens: int | None = None
+    reset_tokens_s: float | None = None
     # The month's budget left after this reservation (None: no budget): the most a gateway
     # lets this tenant spend on its own while the database is unreachable.
     remaining_budget: int | None = None
+
+    @property
+    def rate(self) -> RateState:
+        return RateState(
+            self.limit_requests,
+            self.remaining_requests,
+            self.reset_requests_s,
+            self.limit_tokens,
+            self.remaining_tokens,
+            self.reset_tokens_s,
+        )
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

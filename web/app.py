@@ -32,6 +32,7 @@ from web.ops import health
 from web.ops.errors import handle_exception
 from web.ops.internal_port import internal_port_guard
 from web.ops.metrics import GatewayMetrics
+from web.ops.request_id import send_request_id
 from web.ops.services import ops_dependencies
 from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
@@ -176,6 +177,7 @@ def create_app(
             internal_router,
         ],
         exception_handlers={Exception: handle_exception},
+        before_send=[send_request_id],
         dependencies=dependencies(),
         lifespan=[lifespan],
         on_startup=[describe_openapi],

@@ -256,7 +256,8 @@ def test_quota_refusals_wait_and_an_exhausted_budget_fails_lines(
         errors = file_lines(api, done.error_file_id)
         assert {e["response"]["status_code"] for e in errors} == {429}
         assert {e["response"]["body"]["error"]["code"] for e in errors} == {"insufficient_quota"}
-        assert "budget is exhausted" in errors[0]["response"]["body"]["error"]["message"]
+        message = errors[0]["response"]["body"]["error"]["message"]
+        assert "monthly token budget" in message and "This line was not run." in message
         # A money budget (one micro-unit a token) that covers two lines does the same.
         api = client(http, spender)
         lines = [chat_line(f"b{n}", MODEL, max_tokens=4) for n in range(4)]

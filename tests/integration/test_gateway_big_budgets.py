@@ -82,7 +82,10 @@ def test_budgets_past_32_bits_through_the_gateway(
     with TestClient(create_app(config, engine=runtime, include_admin=False)) as client:
         refused = client.post("/v1/completions", json=body, headers=auth)
         assert refused.status_code == 429, refused.text
-        assert "monthly cost budget exhausted" in refused.json()["error"]["message"]
+        error = refused.json()["error"]
+        assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota")
+        assert "monthly cost budget of the tenant" in error["message"]
+        assert "0.003999 is left" in error["message"] and "up to 0.004000" in error["message"]
         # The console's refusal log names the tenant and the budget that refused it.
         log = client.app.state.generation.refusals
         [(tenant_id, reason, count)] = [(c.tenant_id, c.reason, c.count) for c in log.totals()]

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar.testing import TestClient
+from structlog.testing import capture_logs
 
-from tests.integration.gateway_fakes import KEY_A, MODEL, make_runtime, make_tenancy
+from tests.integration.gateway_fakes import KEY_A, KEY_B, MODEL, make_runtime, make_tenancy
 from tests.integration.gateway_fakes import settings as gateway_settings
 from web.app import create_app
 
@@ -157,3 +158,99 @@ def test_a_request_before_start_up_is_a_503_not_a_500(tiny_llama_dir: Path) -> N
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "starting"
     assert response.headers["retry-after"] == "1"
+
+
+def test_every_response_carries_a_request_id(client: TestClient) -> None:  # type: ignore[type-arg]
+    chat = {"model": MODEL, "messages": USER, "max_tokens": 2}
+    responses = {
+        "answer": client.post("/v1/chat/completions", json=chat, headers=AUTH),
+        "quota": client.post(
+            "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {KEY_B}"}
+        ),
+        "no key": client.post("/v1/chat/completions", json=chat),
+        "bad body": client.post("/v1/completions", json={"model": MODEL}, headers=AUTH),
+        "unknown route": client.get("/v1/nothing", headers=AUTH),
+        "wrong method": client.get("/v1/chat/completions", headers=AUTH),
+        "models": client.get("/v1/models", headers=AUTH),
+        "metrics": client.get("/metrics"),
+    }
+    assert [r.status_code for r in responses.values()] == [200, 429, 401, 400, 404, 405, 200, 200]
+    ids = {name: r.headers["x-request-id"] for name, r in responses.items()}
+    assert len(set(ids.values())) == len(ids)  # one of its own each
+    # A generation request is named by its completion id, answered or refused.
+    assert ids["answer"] == responses["answer"].json()["id"]
+    assert ids["quota"].startswith("chatcmpl-") and ids["bad body"].startswith("cmpl-")
+    assert ids["unknown route"].startswith("req-")
+
+
+@pytest.mark.parametrize("sent", ["trace-7f3a.42:span/1", "0b1c3f2e-9d4a-4f7e-8a61-7d2f1c9e0a55"])
+def test_a_sane_client_request_id_is_kept(client: TestClient, sent: str) -> None:  # type: ignore[type-arg]
+    chat = {"model": MODEL, "messages": USER, "max_tokens": 2}
+    answered = client.post(
+        "/v1/chat/completions", json=chat, headers={**AUTH, "x-request-id": sent}
+    )
+    assert answered.status_code == 200
+    assert answered.headers["x-request-id"] == sent
+    assert answered.json()["id"].startswith("chatcmpl-")  # the completion keeps its own id
+    refused = client.post(
+        "/v1/chat/completions",
+        json=chat,
+        headers={"Authorization": f"Bearer {KEY_B}", "x-request-id": sent},
+    )
+    assert (refused.status_code, refused.headers["x-request-id"]) == (429, sent)
+
+
+@pytest.mark.parametrize("sent", ["", "two words", "x" * 129, "tab\there", "semi;colon", "é"])
+def test_an_odd_client_request_id_is_replaced(client: TestClient, sent: str) -> None:  # type: ignore[type-arg]
+    chat = {"model": MODEL, "messages": USER, "max_tokens": 2}
+    response = client.post(
+        "/v1/chat/completions",
+        json=chat,
+        headers={**AUTH, "x-request-id": sent.encode()},  # type: ignore[dict-item]
+    )
+    assert response.status_code == 200
+    assert response.headers["x-request-id"] == response.json()["id"] != sent
+
+
+def test_one_log_line_per_request_refusals_included(client: TestClient) -> None:  # type: ignore[type-arg]
+    chat = {"model": MODEL, "messages": USER, "max_tokens": 3}
+    b_auth = {"Authorization": f"Bearer {KEY_B}"}
+    with capture_logs() as logs:
+        responses = [
+            client.post("/v1/chat/completions", json=chat, headers=AUTH),
+            client.post("/v1/chat/completions", json={**chat, "stream": True}, headers=AUTH),
+            client.post("/v1/chat/completions", json=chat, headers=b_auth),
+            client.post("/v1/chat/completions", json=chat, headers={"Authorization": "Bearer x"}),
+            client.post("/v1/chat/completions", json={**chat, "max_tokens": 0}, headers=AUTH),
+        ]
+    assert [r.status_code for r in responses] == [200, 200, 429, 401, 400]
+    lines = [entry for entry in logs if entry["event"] == "request_done"]
+    assert [line["request_id"] for line in lines] == [r.headers["x-request-id"] for r in responses]
+    assert not [entry for entry in logs if entry["event"] == "request_finished"]
+    for line in lines:
+        assert {"status", "model", "key_id", "tenant_id", "prompt_tokens", "completion_tokens",
+                "cached_tokens", "ttft_s", "duration_s", "reason"} <= set(line)  # fmt: skip
+        assert line["log_level"] == "info" and line["duration_s"] >= 0
+    answered, streamed, quota, no_key, bad = lines
+    for line in (answered, streamed):
+        assert (line["status"], line["outcome"], line["reason"]) == (200, "ok", None)
+        assert (line["tenant_id"], line["key_id"], line["model"]) == (
+            "tenant-a",
+            "key-tenant-a",
+            MODEL,
+        )
+        assert line["prompt_tokens"] > 0 and line["completion_tokens"] == 3
+        assert 0 < line["ttft_s"] <= line["duration_s"]
+    assert (quota["status"], quota["outcome"], quota["reason"]) == (429, "refused", "concurrency")
+    assert (quota["tenant_id"], quota["model"], quota["completion_tokens"]) == (
+        "tenant-b",
+        MODEL,
+        0,
+    )
+    assert quota["ttft_s"] is None
+    assert (no_key["status"], no_key["reason"], no_key["tenant_id"]) == (
+        401,
+        "invalid_api_key",
+        None,
+    )
+    assert (bad["status"], bad["reason"], bad["tenant_id"]) == (400, "invalid_request", "tenant-a")

@@ -1,6 +1,7 @@
-"""Tracing and refusal metrics at the gateway: a caller's `traceparent` parents the request's
-span; refusals are counted by status and reason; the engine's preemptions, drafts and
-per-tenant gauges reach /metrics (tenant gauges only with tenant labels on)."""
+"""Tracing, logs and refusal metrics at the gateway: a caller's `traceparent` parents the
+request's span; a request logs one line; refusals are counted by status and reason; the engine's
+preemptions, drafts and per-tenant gauges reach /metrics (tenant gauges only with tenant labels
+on)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from litestar import Litestar
 from litestar.testing import TestClient
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from structlog.testing import capture_logs
 
 from engine.stats import EngineSnapshot, EngineStats
 from radix_cache.stats import NamespaceSnapshot
@@ -181,7 +183,16 @@ def test_a_span_per_prefill_chunk_and_decode_step(tiny_llama_dir: Path) -> None:
         auth = {"Authorization": f"Bearer {KEY_A}"}
         model = client.get("/v1/models", headers=auth).json()["data"][0]["id"]
         body = {"model": model, "prompt": list(range(1, 41)), "max_tokens": 3, "temperature": 0}
-        assert client.post("/v1/completions", json=body, headers=auth).status_code == 200
+        with capture_logs() as logs:
+            response = client.post("/v1/completions", json=body, headers=auth)
+        assert response.status_code == 200
+    # One line for the request, the gateway's; the engine's own view of it is a debug line.
+    [done] = [entry for entry in logs if entry["event"] == "request_done"]
+    assert (done["request_id"], done["log_level"]) == (response.headers["x-request-id"], "info")
+    assert (done["prompt_tokens"], done["completion_tokens"]) == (40, 3)
+    [engine_line] = [entry for entry in logs if entry["event"] == "engine_request_finished"]
+    assert engine_line["log_level"] == "debug" and engine_line["num_output_tokens"] == 3
+    assert not [entry for entry in logs if entry["event"] == "request_finished"]
     spans = exporter.get_finished_spans()
     [root] = [s for s in spans if s.name == "generate completion"]
     steps = sorted(

@@ -207,7 +207,7 @@ def test_metrics_count_tokens_per_tenant(client: TestClient) -> None:  # type: i
     client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4}, headers=AUTH)
     text = client.get("/metrics").text
     assert "atrium_completion_tokens_total 4.0" in text  # totals: no tenant label by default
-    assert "atrium_time_to_first_token_seconds_bucket" in text
+    assert "vllm:time_to_first_token_seconds_bucket" in text
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").status_code == 200
 

@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 
 from engine.stats import EngineSnapshot
 from web.admin.engine_state import TENANT_PREFIX
+from web.ops.metrics import ITL, TTFT
 
 MIN_INTERVAL_S = 1.0  # polls closer than this share one point
 LATENCY_WINDOW_S = 30.0  # latency quantiles cover at least the last half minute
@@ -32,8 +33,8 @@ HISTORY_POINTS = 7200  # and never more than this many (a point a second at most
 REQUESTS_FAMILY = "atrium_requests"
 # Finished requests that count as errors: ended by the server, not by the client or a limit.
 ERROR_STATUSES = frozenset({"error", "timeout", "unavailable", "rejected", "gateway_lost"})
-TTFT_FAMILY = "atrium_time_to_first_token_seconds"
-ITL_FAMILY = "atrium_inter_token_latency_seconds"
+TTFT_FAMILY = TTFT  # the gateway's histograms (web/ops/metrics.py)
+ITL_FAMILY = ITL
 REFUSAL_MARK = "refus"  # any counter family named like ``atrium_refusals``
 REASON_LABELS = ("status", "reason", "code")  # joined, in this order, as the series' name
 

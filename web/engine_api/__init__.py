@@ -30,6 +30,7 @@ from web.openai.generation_routes import generation_dependencies
 from web.openai.json_body import JsonRequest
 from web.ops.errors import handle_exception
 from web.ops.metrics import GatewayMetrics
+from web.ops.request_id import send_request_id
 from web.ops.services import ops_dependencies
 from web.ops.tracing import make_tracer_provider
 from web.settings import Settings
@@ -99,6 +100,7 @@ def create_engine_app(settings: Settings, runtime: ModelRuntime | None = None) -
     return Litestar(
         route_handlers=[guarded, *ops.OPEN_ROUTES],
         exception_handlers={Exception: handle_exception},
+        before_send=[send_request_id],
         dependencies={**generation_dependencies(), **ops_dependencies()},
         lifespan=[lifespan],
         state=state,

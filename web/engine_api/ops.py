@@ -15,7 +15,7 @@ from litestar.di import NamedDependency
 
 from engine.stats import EngineSnapshot
 from web.openai.generation import GenerationService
-from web.ops.metrics import CONTENT_TYPE, GatewayMetrics
+from web.ops.metrics import MEDIA_TYPE, GatewayMetrics
 
 # Injected by name (web/ops/services.py, web/openai/generation_routes.py).
 Generation = NamedDependency[GenerationService | None]
@@ -42,7 +42,7 @@ async def metrics(
     stats = generation.runtime.stats if generation is not None else None
     if stats is not None:
         metrics.update_engine(stats())
-    return Response(metrics.render(), media_type=CONTENT_TYPE)
+    return Response(metrics.render(), media_type=MEDIA_TYPE)
 
 
 def _server_info(service: GenerationService | None, engine: Any) -> dict[str, object]:

@@ -26,9 +26,10 @@ from engine.errors import EngineError, InvalidRequestError, PromptTooLongError
 from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from tenants.lora_adapters import LoraAdapterInfo, LoraAdapterService
-from web.ops.errors import ApiError, unavailable
+from web.ops.errors import CLIENT_CLOSED, ApiError, to_api_error, unavailable
 from web.ops.metrics import GatewayMetrics
 from web.ops.refusals import RefusalLog
+from web.ops.request_log import RequestTrail
 from web.ops.tracing import RequestSpans
 from web.tenancy.fair_gate import FairGate
 from web.tenancy.principal import Principal, Tenancy, Ticket, UsageRecord
@@ -121,6 +122,10 @@ class Job:
     choices: list[Choice] = field(default_factory=list)
     adapter: LoraAdapterInfo | None = None  # the LoRA adapter named in ``model``, if any
     runtime: ModelRuntime | None = None  # the model (engine) serving it; None: the first
+    # When the request arrived (before authentication and admission): latencies count from it.
+    arrived: float = field(default_factory=time.monotonic)
+    trail: RequestTrail | None = None  # its one log line, written when it ends
+    http_status: int = 200  # what its client got: an error's status when refused at once
     _by_id: dict[str, Choice] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -320,9 +325,13 @@ class GenerationService:
         n: int = 1,
         trace_parent: Context | None = None,
         adapter: LoraAdapterInfo | None = None,
+        trail: RequestTrail | None = None,
     ) -> Job:
         """Admit ``n`` choices of each prompt as one request: quotas see every prompt once and
-        ``n`` times its max_tokens; a prompt's later choices wait for its first to compute it."""
+        ``n`` times its max_tokens; a prompt's later choices wait for its first to compute it.
+        ``trail`` is the request's log line from its arrival (a new one when not given)."""
+        if trail is None:
+            trail = RequestTrail(request_id, endpoint)
         self.check_open()
         runtime = self.runtime
         for _, params in prompts:
@@ -333,7 +342,14 @@ class GenerationService:
         max_tokens = sum(choice.params.max_tokens for choice in choices)
         # A tenant's batch lines take turns apart from its interactive requests, at their weight.
         model = runtime.name if adapter is None else adapter.name
+        trail.note(
+            tenant=principal.tenant_id,
+            key_id=principal.key_id,
+            model=model,
+            batch_id=principal.batch_id,
+        )
         self.tenant_requests[principal.engine_tenant_id] += 1
+        queued = time.monotonic()  # waiting from here: the fair gate, then quotas and budget
         try:
             async with self.admission_gate.hold(principal.engine_tenant_id, principal.weight):
                 admission = asyncio.ensure_future(
@@ -356,6 +372,7 @@ class GenerationService:
         except BaseException:
             self._leave(principal.engine_tenant_id)
             raise
+        self.metrics.observe_queue(principal.tenant_id, runtime.name, time.monotonic() - queued)
         spans = RequestSpans(
             self.tracer,
             f"generate {endpoint}",
@@ -373,6 +390,8 @@ class GenerationService:
             choices=choices,
             adapter=adapter,
             runtime=runtime,
+            arrived=trail.arrived,
+            trail=trail,
         )
         job.prompt_tokens = num_prompt_tokens
         self.active[request_id] = job
@@ -454,6 +473,7 @@ class GenerationService:
         except EngineError as error:
             if not received:  # refused before computing anything: recorded, never billed
                 status = "rejected" if isinstance(error, InvalidRequestError) else "unavailable"
+                job.http_status = to_api_error(error).status_code
                 job.prompt_tokens = job.cached_tokens = job.completion_tokens = 0
                 raise
             # Mid-answer (a lost engine connection): the answer so far stands and is metered;
@@ -547,12 +567,15 @@ class GenerationService:
         job.cached_tokens = sum(c.cached_tokens for c in job.choices if c.prefill_after is None)
         new_tokens = out.num_output_tokens - choice.completion_tokens
         if new_tokens > 0:
+            model = self._runtime_of(job).name
             if job.first_token_at is None:
                 job.first_token_at = now
-                self.metrics.observe_ttft(job.tenant_id, now - job.started)
+                self.metrics.observe_ttft(job.tenant_id, model, now - job.arrived)
                 job.spans.first_token()
             elif job.last_token_at is not None:
-                self.metrics.itl.observe((now - job.last_token_at) / new_tokens)
+                self.metrics.observe_itl(
+                    job.tenant_id, model, (now - job.last_token_at) / new_tokens
+                )
             job.last_token_at = now
             choice.completion_tokens = out.num_output_tokens
             job.completion_tokens = sum(c.completion_tokens for c in job.choices)
@@ -562,8 +585,10 @@ class GenerationService:
         if self.active.pop(job.request_id, None) is None:
             return
         self._leave(job.ticket.principal.engine_tenant_id)
+        runtime = self._runtime_of(job)
         self.metrics.in_flight.dec()
         self.metrics.count_request(job.tenant_id, job.endpoint, status)
+        self.metrics.observe_e2e(job.tenant_id, runtime.name, time.monotonic() - job.arrived)
         self.metrics.observe_usage(
             job.tenant_id, job.prompt_tokens, job.cached_tokens, job.completion_tokens
         )
@@ -573,11 +598,11 @@ class GenerationService:
             "completion_tokens": job.completion_tokens,
         }
         job.spans.finish(status, counts)
-        ttft = None if job.first_token_at is None else job.first_token_at - job.started
+        ttft = None if job.first_token_at is None else job.first_token_at - job.arrived
         record = UsageRecord(
             request_id=job.request_id,
             tenant_id=job.tenant_id,
-            model=self._runtime_of(job).name if job.adapter is None else job.adapter.name,
+            model=runtime.name if job.adapter is None else job.adapter.name,
             status=status,
             started_at=job.started_at,
             finished_at=datetime.now(UTC),
@@ -586,7 +611,15 @@ class GenerationService:
             batch_id=job.ticket.principal.batch_id,
             **counts,
         )
-        log.info("request_finished", status=status, finish_reason=job.finish_reason, **counts)
+        trail = job.trail or RequestTrail(job.request_id, job.endpoint, job.arrived)
+        trail.finished(
+            status=CLIENT_CLOSED if status == "disconnect" else job.http_status,
+            outcome=status,
+            completion_id=job.request_id,
+            ttft_s=ttft,
+            finish_reason=job.finish_reason,
+            **counts,
+        )
         job.usage_task = self._spawn(self._record(job.ticket, record))
 
     def _leave(self, engine_tenant_id: str) -> None:

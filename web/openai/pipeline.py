@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-import structlog
 from litestar import Request, Response
 from litestar.response import Stream
 from opentelemetry.context import Context
@@ -43,6 +42,7 @@ from web.openai.schemas import (
 from web.openai.structured_output import checked_grammar
 from web.openai.tools import ToolPlan
 from web.ops.errors import ApiError
+from web.ops.request_log import RequestTrail
 from web.tenancy.principal import Principal
 
 T = TypeVar("T")
@@ -117,13 +117,14 @@ class Admitted:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"x-request-id": self.job.request_id, **self.job.ticket.headers}
+        """The admission's ``x-ratelimit-*`` (``x-request-id`` is every response's: see
+        ``web.ops.request_id``)."""
+        return dict(self.job.ticket.headers)
 
 
 def new_request_id(endpoint: str) -> str:
-    request_id = f"{REQUEST_ID_PREFIXES[endpoint]}-{secrets.token_hex(12)}"
-    structlog.contextvars.bind_contextvars(request_id=request_id)
-    return request_id
+    """A fresh completion id (``chatcmpl-…``, ``cmpl-…``): the engine's and the usage event's."""
+    return f"{REQUEST_ID_PREFIXES[endpoint]}-{secrets.token_hex(12)}"
 
 
 class GenerationPipeline:
@@ -144,11 +145,20 @@ class GenerationPipeline:
         *,
         request_id: str | None = None,
         trace_parent: Context | None = None,
+        trail: RequestTrail | None = None,
     ) -> Admitted:
-        """The request admitted (quotas, budget, the fair gate), or a refusal raised."""
+        """The request admitted (quotas, budget, the fair gate), or a refusal raised; ``trail``
+        (its log line) learns whom it runs for, and goes with its job."""
         service = self.service
         body = caller.decode(raw, endpoint)
         principal, adapter = await caller.route(service, body)
+        if trail is not None:
+            trail.note(
+                tenant=principal.tenant_id,
+                key_id=principal.key_id,
+                model=body.model,
+                batch_id=principal.batch_id,
+            )
         plan: ToolPlan | None = None
         if isinstance(body, ChatCompletionRequest):
             n = check_n(body.n)
@@ -176,7 +186,7 @@ class GenerationPipeline:
             prompts.append((prompt, params))
         request_id = request_id or new_request_id(endpoint)
         job = await service.admit_choices(
-            principal, endpoint, request_id, prompts, n, trace_parent, adapter
+            principal, endpoint, request_id, prompts, n, trace_parent, adapter, trail
         )
         echo = None
         if isinstance(body, CompletionRequest) and body.echo:

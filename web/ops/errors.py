@@ -12,7 +12,9 @@ from litestar.exceptions import HTTPException
 
 from atrium_errors import AtriumError
 from engine.errors import EngineError, InvalidRequestError
-from tenants.errors import QuotaExceededError
+from tenants.errors import BudgetExhaustedError, QuotaExceededError
+from tenants.rate_limit import RateState
+from web.ops.rate_headers import ratelimit_headers
 
 log = structlog.get_logger("atrium.web")
 
@@ -29,6 +31,8 @@ ERROR_TYPES = {
     500: "server_error",
     503: "service_unavailable",
 }
+# Codes whose ``type`` is not their status's: OpenAI types a spent quota apart from a rate limit.
+CODE_TYPES = {"insufficient_quota": "insufficient_quota"}
 # Each error code and its status, engine and tenant domain alike.
 STATUS = {
     "invalid_request": 400,
@@ -41,7 +45,9 @@ STATUS = {
     "conflict": 409,
     "duplicate_request": 409,
     "prompt_too_large": 413,
+    "tokens_exceed_limit": 400,
     "rate_limit_exceeded": 429,
+    "insufficient_quota": 429,
     "overloaded": 503,
     "engine_dead": 503,
     "meter_closed": 503,
@@ -67,6 +73,7 @@ class ApiError(Exception):
         code: str,
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
+        type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -74,6 +81,8 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers: dict[str, str] = dict(headers or {})
+        # OpenAI's error type: by default the status's (ERROR_TYPES), or the code's (CODE_TYPES).
+        self.type = type or CODE_TYPES.get(code) or ERROR_TYPES.get(status_code)
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_request") -> ApiError:
@@ -104,7 +113,7 @@ class ErrorBody(msgspec.Struct):
 def error_response(error: ApiError) -> Response[Any]:
     detail = ErrorDetail(
         message=error.message,
-        type=ERROR_TYPES.get(error.status_code, "invalid_request_error"),
+        type=error.type or "invalid_request_error",
         param=error.param,
         code=error.code,
     )
@@ -134,30 +143,19 @@ def _from_atrium(exc: AtriumError) -> ApiError:
     if status == 500:
         return ApiError(500, INTERNAL_MESSAGE, code=exc.code)
     headers: dict[str, str] = {}
-    if isinstance(exc, QuotaExceededError):
-        headers = retry_headers(exc.retry_after_s) | ratelimit_headers(
-            exc.limit_requests, exc.remaining_requests, exc.limit_tokens, exc.remaining_tokens
-        )
+    rate = getattr(exc, "rate", None)
+    if isinstance(rate, RateState):  # admission's refusals say where the per-minute limits are
+        headers |= ratelimit_headers(rate)
+    if isinstance(exc, BudgetExhaustedError):
+        # Nothing helps before the budget resets (the message says when): clients that retry
+        # a 429 by themselves (OpenAI's SDKs) are told not to.
+        headers["x-should-retry"] = "false"
+    elif isinstance(exc, QuotaExceededError):
+        headers |= retry_headers(exc.retry_after_s)
     elif isinstance(exc, EngineError) and status == 503:
         headers = retry_headers(1.0)
     param = getattr(exc, "param", None)
     return ApiError(status, str(exc) or exc.code, code=exc.code, param=param, headers=headers)
-
-
-def ratelimit_headers(
-    limit_requests: int | None,
-    remaining_requests: int | None,
-    limit_tokens: int | None,
-    remaining_tokens: int | None,
-) -> dict[str, str]:
-    """``x-ratelimit-*`` headers for the limits the tenant has (unlimited ones are left out)."""
-    values = {
-        "x-ratelimit-limit-requests": limit_requests,
-        "x-ratelimit-remaining-requests": remaining_requests,
-        "x-ratelimit-limit-tokens": limit_tokens,
-        "x-ratelimit-remaining-tokens": remaining_tokens,
-    }
-    return {name: str(value) for name, value in values.items() if value is not None}
 
 
 def _from_litestar(exc: HTTPException) -> ApiError:
@@ -187,7 +185,11 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         log.info("client_closed_request", path=request.url.path)
     metrics = request.app.state.get("metrics")
     if error.status_code in REFUSALS and metrics is not None:
-        # A 429 is counted by the quota that refused it; the others by their error code.
-        reason = exc.reason if isinstance(exc, QuotaExceededError) else error.code
-        metrics.count_refusal(error.status_code, reason or "unknown")
+        metrics.count_refusal(error.status_code, refusal_reason(exc, error))
     return error_response(error)
+
+
+def refusal_reason(exc: BaseException, error: ApiError) -> str:
+    """Why a request was refused: a 429 by the quota that refused it, others by their code."""
+    reason = exc.reason if isinstance(exc, QuotaExceededError) else error.code
+    return reason or "unknown"

@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
 from web.ops.errors import ApiError
-from web.ops.metrics import CONTENT_TYPE, GatewayMetrics
+from web.ops.metrics import MEDIA_TYPE, GatewayMetrics
 from web.settings import Settings
 
 
@@ -86,7 +86,7 @@ async def metrics(
     snapshots = [runtime.stats() for runtime in runtimes if runtime.stats is not None]
     if snapshots:
         registry.update_engine(summed(snapshots))
-    return Response(registry.render(), media_type=CONTENT_TYPE)
+    return Response(registry.render(), media_type=MEDIA_TYPE)
 
 
 def summed(snapshots: list[dict[str, object]]) -> dict[str, object]:

@@ -1,7 +1,9 @@
 """Prometheus metrics of one app, in a registry of its own (never the process-global default).
 
 Tenant ids appear as a ``tenant`` label only when asked for (``metrics_tenant_labels``): by
-default the request and token metrics are totals, so /metrics names no tenant.
+default the request and token metrics are totals, so /metrics names no tenant. The request
+latency histograms take vLLM's names and its ``model_name`` label, so dashboards built for vLLM
+read them as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Whole requests run longer than their first token: up to the longest stream a server allows.
+REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# The exposition format's media type; the response appends its charset itself (once).
+MEDIA_TYPE, _, _ = CONTENT_TYPE_LATEST.partition("; charset=")
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
 M = TypeVar("M", bound=MetricWrapperBase)
 
 
@@ -55,14 +64,22 @@ class GatewayMetrics:
             "atrium_prefix_cache_hit_rate", "Cached / prompt tokens so far", tenant_labels(t),
             registry=r,
         )  # fmt: skip
+        by_model = tenant_labels(t, "model_name")
+        self.e2e = Histogram(
+            E2E_LATENCY, "Request latency, from its arrival to its last token", by_model,
+            buckets=REQUEST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            QUEUE_TIME, "Time waiting to be admitted: the fair gate, then quotas and budget",
+            by_model, buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.ttft = Histogram(
-            "atrium_time_to_first_token_seconds", "Time to first token", tenant_labels(t),
+            TTFT, "Time to first token, from the request's arrival", by_model,
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.itl = Histogram(
-            "atrium_inter_token_latency_seconds", "Time between output tokens",
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            ITL, "Time between output tokens", by_model, buckets=LATENCY_BUCKETS, registry=r
+        )
         self.in_flight = Gauge("atrium_requests_in_flight", "Requests being served", registry=r)
         self.queue_depth = Gauge("atrium_engine_queue_depth", "Requests waiting", registry=r)
         self.running = Gauge("atrium_engine_running_requests", "Requests running", registry=r)
@@ -111,8 +128,17 @@ class GatewayMetrics:
     def count_refusal(self, status: int, reason: str) -> None:
         self.refusals.labels(str(status), reason).inc()
 
-    def observe_ttft(self, tenant: str, seconds: float) -> None:
-        child(self.ttft, self.per_tenant, tenant).observe(seconds)
+    def observe_ttft(self, tenant: str, model: str, seconds: float) -> None:
+        child(self.ttft, self.per_tenant, tenant, model).observe(seconds)
+
+    def observe_itl(self, tenant: str, model: str, seconds: float) -> None:
+        child(self.itl, self.per_tenant, tenant, model).observe(seconds)
+
+    def observe_e2e(self, tenant: str, model: str, seconds: float) -> None:
+        child(self.e2e, self.per_tenant, tenant, model).observe(seconds)
+
+    def observe_queue(self, tenant: str, model: str, seconds: float) -> None:
+        child(self.queue_time, self.per_tenant, tenant, model).observe(seconds)
 
     def observe_usage(self, tenant: str, prompt: int, cached: int, completion: int) -> None:
         t = self.per_tenant

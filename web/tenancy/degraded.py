@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import structlog
 
 from tenants.errors import DuplicateRequestError, PromptTooLargeError, QuotaExceededError
-from tenants.rate_limit import drain, try_draw
+from tenants.rate_limit import NO_LIMITS, RateState, drain, rate_state, try_draw
+from tenants.refusals import (
+    check_reachable,
+    in_seconds,
+    tenant_rate_limited,
+    too_many_running,
+    whose,
+)
 from tenants.schemas import AuthContext
 from web.ops.metrics import child
 from web.tenancy.db_monitor import DegradedMetrics
@@ -35,10 +42,23 @@ class LocalTicket:
     key_id: str
     reserved_tokens: int
     ambiguous: bool = False
-    limit_requests: int | None = None
-    remaining_requests: int | None = None
-    limit_tokens: int | None = None
-    remaining_tokens: int | None = None
+    rate: RateState = NO_LIMITS  # the per-minute limits after this admission
+
+    @property
+    def limit_requests(self) -> int | None:
+        return self.rate.limit_requests
+
+    @property
+    def remaining_requests(self) -> int | None:
+        return self.rate.remaining_requests
+
+    @property
+    def limit_tokens(self) -> int | None:
+        return self.rate.limit_tokens
+
+    @property
+    def remaining_tokens(self) -> int | None:
+        return self.rate.remaining_tokens
 
 
 @dataclass(slots=True)
@@ -92,41 +112,46 @@ class LocalAdmission:
         if request_id in self._held:
             raise DuplicateRequestError(f"request {request_id!r} is already admitted")
         need = prompt_tokens + max_tokens
-        budget_left = self._budget_left.get(ctx.tenant_id)
-        if quotas.monthly_token_budget is not None and (budget_left is None or need > budget_left):
-            # Unsure or not enough: refuse rather than overspend a budget nobody can check.
-            raise QuotaExceededError(
-                "monthly token budget: not enough is known to be left while the tenant "
-                "database is unreachable",
-                reason="monthly_token_budget",
-                retry_after_s=BUDGET_RETRY_S,
-                limit_tokens=quotas.monthly_token_budget,
-                remaining_tokens=budget_left or 0,
-            )
         buckets = self._tenants.setdefault(ctx.tenant_id, _Buckets(refilled_at=self._monotonic()))
         now = self._monotonic()
         rpm, tpm = quotas.requests_per_minute, quotas.tokens_per_minute
         elapsed = now - buckets.refilled_at
-        requests = try_draw(drain(buckets.requests_drawn, rpm, elapsed), rpm, 1)
-        tokens = try_draw(drain(buckets.tokens_drawn, tpm, elapsed), tpm, need)
-        cap = quotas.max_concurrent_requests
-        if not (requests.fits and tokens.fits) or (cap is not None and buckets.in_flight >= cap):
-            reason = (
-                "requests_per_minute"
-                if not requests.fits
-                else "tokens_per_minute"
-                if not tokens.fits
-                else "max_concurrent_requests"
-            )
+        requests_now = drain(buckets.requests_drawn, rpm, elapsed)
+        tokens_now = drain(buckets.tokens_drawn, tpm, elapsed)
+        requests, tokens = try_draw(requests_now, rpm, 1), try_draw(tokens_now, tpm, need)
+        # A refusal reports the limits as they are (it takes nothing); an admission, after it.
+        rate = rate_state(rpm, try_draw(requests_now, rpm, 0), tpm, try_draw(tokens_now, tpm, 0))
+        name = ctx.tenant_name
+        check_reachable(
+            quotas, name=name, prompt_tokens=prompt_tokens, max_tokens=max_tokens, cost=0, rate=rate
+        )
+        budget = quotas.monthly_token_budget
+        budget_left = self._budget_left.get(ctx.tenant_id)
+        if budget is not None and (budget_left is None or need > budget_left):
+            # Unsure or not enough: refuse rather than overspend a budget nobody can check.
+            known = "nothing" if budget_left is None else f"{budget_left} tokens"
             raise QuotaExceededError(
-                f"{reason.replace('_', ' ')} exceeded",
-                reason=reason,
-                retry_after_s=max(requests.retry_after_s, tokens.retry_after_s)
-                or CONCURRENCY_RETRY_S,
-                limit_requests=rpm,
-                remaining_requests=None if rpm is None else requests.remaining,
-                limit_tokens=tpm,
-                remaining_tokens=None if tpm is None else tokens.remaining,
+                f"The monthly token budget of {whose('tenant', name)} ({budget} tokens) cannot "
+                f"be checked while the tenant database is unreachable: {known} left at its "
+                f"last check, and this request needs up to {need}. "
+                f"Please try again in {in_seconds(BUDGET_RETRY_S)}.",
+                reason="monthly_token_budget",
+                retry_after_s=BUDGET_RETRY_S,
+                rate=rate,
+            )
+        if not (requests.fits and tokens.fits):
+            raise tenant_rate_limited(
+                name=name, rpm=rpm, requests=requests, tpm=tpm, tokens=tokens, need=need, rate=rate
+            )
+        cap = quotas.max_concurrent_requests
+        if cap is not None and buckets.in_flight >= cap:
+            raise too_many_running(
+                reason="max_concurrent_requests",
+                name=name,
+                cap=cap,
+                running=buckets.in_flight,
+                retry_after_s=CONCURRENCY_RETRY_S,
+                rate=rate,
             )
         buckets.requests_drawn, buckets.tokens_drawn = requests.drawn, tokens.drawn
         buckets.refilled_at = now
@@ -139,10 +164,7 @@ class LocalAdmission:
             key_id=ctx.key_id,
             reserved_tokens=need,
             ambiguous=ambiguous,
-            limit_requests=rpm,
-            remaining_requests=None if rpm is None else requests.remaining,
-            limit_tokens=tpm,
-            remaining_tokens=None if tpm is None else tokens.remaining,
+            rate=rate_state(rpm, requests, tpm, tokens),
         )
         self._held[request_id] = ticket
         m = self._metrics

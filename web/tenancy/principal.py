@@ -18,6 +18,7 @@ from tenants.errors import (
     QuotaExceededError,
     TenantSuspendedError,
 )
+from tenants.rate_limit import RateState
 from tenants.schemas import SCOPES
 
 
@@ -167,11 +168,10 @@ class InMemoryTenancy:
         cap = tenant.max_concurrent_requests
         if cap is not None and running >= cap:
             raise QuotaExceededError(
-                "Too many concurrent requests.",
+                f"Concurrency limit reached: limit {cap} requests at once, {running} running.",
                 reason="concurrency",
                 retry_after_s=1.5,
-                limit_requests=cap,
-                remaining_requests=0,
+                rate=RateState(limit_requests=cap, remaining_requests=0),
             )
         self.running[principal.tenant_id] = running + 1
         return Ticket(request_id, principal)

@@ -30,7 +30,8 @@ from tenants.meter import UsageMeter
 from tenants.records import UsageEvent
 from tenants.schemas import Admission, AuthContext, Usage
 from tenants.timeutil import month_period
-from web.ops.errors import ratelimit_headers, unavailable
+from web.ops.errors import unavailable
+from web.ops.rate_headers import ratelimit_headers
 from web.settings import Settings
 from web.tenancy.auth_fallback import KnownKeys
 from web.tenancy.auth_limiter import STATE_KEY as AUTH_LIMITER
@@ -296,9 +297,7 @@ class SqlTenancy:
 
 
 def _headers(grant: Admission | LocalTicket) -> dict[str, str]:
-    return ratelimit_headers(
-        grant.limit_requests, grant.remaining_requests, grant.limit_tokens, grant.remaining_tokens
-    )
+    return ratelimit_headers(grant.rate)
 
 
 def _stray(ticket: LocalTicket, at: datetime) -> Admission:

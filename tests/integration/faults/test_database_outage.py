@@ -140,9 +140,14 @@ def test_requests_are_served_through_an_outage_and_metered_once(
     long_prompt = {"model": gw.model, "prompt": "word " * 60, "max_tokens": 2}
     too_long = client.post("/v1/completions", json=long_prompt, headers=auth)
     assert too_long.status_code == 413, too_long.text
-    over_budget = {"model": gw.model, "prompt": "the database is", "max_tokens": 60}
+    above_budget = {"model": gw.model, "prompt": "the database is", "max_tokens": 60}
+    never = client.post("/v1/completions", json=above_budget, headers=auth)
+    assert never.status_code == 400 and never.json()["error"]["code"] == "tokens_exceed_limit"
+    over_budget = {**above_budget, "max_tokens": 20}  # 15 + 20: within the 40, above the 21 left
     refused = client.post("/v1/completions", json=over_budget, headers=auth)
-    assert refused.status_code == 429 and "budget" in refused.json()["error"]["message"]
+    assert refused.status_code == 429 and "budget" in refused.json()["error"]["message"], (
+        refused.text
+    )
     assert gw.complete(tight).status_code == 200  # within what was left
     metrics = client.get("/metrics").text
     assert "atrium_database_up 0.0" in metrics

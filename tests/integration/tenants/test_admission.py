@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC
 
 import pytest
 from sqlalchemy import event, select
 
 from tenants.errors import (
+    BudgetExhaustedError,
     DuplicateRequestError,
+    LimitUnreachableError,
     PromptTooLargeError,
     QuotaExceededError,
     TenantSuspendedError,
@@ -53,16 +56,19 @@ def test_tokens_per_minute_count_prompt_plus_max_tokens_and_refund_unused(open_d
             ctx = await _tenant(domain, tokens_per_minute=1000)
             first = await domain.admission.admit(ctx, "a", 300, 300)
             assert (first.limit_tokens, first.remaining_tokens) == (1000, 400)
+            assert first.reset_tokens_s == pytest.approx(36.0)  # 600 drawn, 1000 a minute
             with pytest.raises(QuotaExceededError) as refused:
                 await domain.admission.admit(ctx, "b", 300, 300)
             assert refused.value.reason == "tokens_per_minute"
             assert refused.value.remaining_tokens == 400
+            assert 'tokens per minute (TPM) of the tenant "acme"' in str(refused.value)
             # Only 350 of the 600 reserved were used: the rest flows back at once.
             await domain.admission.settle(first, Usage(prompt_tokens=300, completion_tokens=50))
             await domain.admission.admit(ctx, "b", 300, 300)
-            with pytest.raises(QuotaExceededError) as never:
+            # More than the limit itself can never fit: refused as such, not told to wait.
+            with pytest.raises(LimitUnreachableError) as never:
                 await domain.admission.admit(ctx, "huge", 900, 200)
-            assert never.value.retry_after_s == 60.0
+            assert (never.value.limit, never.value.requested) == (1000, 1100)
 
     asyncio.run(body())
 
@@ -108,14 +114,11 @@ def test_monthly_budget_reserves_then_charges_actual_usage(open_domain) -> None:
         async with open_domain() as domain:
             ctx = await _tenant(domain, monthly_token_budget=1000)
             a = await domain.admission.admit(ctx, "a", 200, 400)  # reserves 600
-            with pytest.raises(QuotaExceededError) as refused:
+            with pytest.raises(BudgetExhaustedError) as refused:
                 await domain.admission.admit(ctx, "b", 200, 400)
             err = refused.value
-            assert (err.reason, err.limit_tokens, err.remaining_tokens) == (
-                "monthly_token_budget",
-                1000,
-                400,
-            )
+            assert (err.reason, err.budget, err.remaining) == ("monthly_token_budget", 1000, 400)
+            assert (err.resets_at.day, err.resets_at.hour, err.resets_at.tzinfo) == (1, 0, UTC)
             assert 0 < err.retry_after_s <= 31 * 86400  # until the next month starts
             await domain.admission.settle(a, Usage(prompt_tokens=200, completion_tokens=100))
             await domain.admission.admit(ctx, "b", 200, 400)  # 300 used + 600 reserved
@@ -150,7 +153,8 @@ def test_a_burst_of_admissions_and_settlements_is_exact(open_domain) -> None:
             await domain.admission.admit(ctx, "x", rest - 40, 40)
             with pytest.raises(QuotaExceededError) as over:
                 await domain.admission.admit(ctx, "y", 1, 0)
-            assert (over.value.reason, over.value.remaining_tokens) == ("monthly_token_budget", 0)
+            assert isinstance(over.value, BudgetExhaustedError)
+            assert (over.value.reason, over.value.remaining) == ("monthly_token_budget", 0)
 
     asyncio.run(body())
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from tenants import TenantDomain
-from tenants.errors import QuotaExceededError
+from tenants.errors import BudgetExhaustedError, QuotaExceededError
 from tenants.models import TokenBudget
 from tenants.records import PriceSet
 from tenants.schemas import AuthContext, Quotas, TenantCreate, Usage
@@ -51,7 +51,8 @@ def test_a_token_budget_of_three_billion(open_domain: OpenDomain) -> None:
             with pytest.raises(QuotaExceededError) as refused:
                 await domain.admission.admit(ctx, "b", 1000, 600_000_000)
             assert refused.value.reason == "monthly_token_budget"
-            assert refused.value.remaining_tokens == TOKENS - need
+            assert isinstance(refused.value, BudgetExhaustedError)
+            assert refused.value.remaining == TOKENS - need
             # 2,400,000,000 used: 100,000,000 unused tokens flow back to the month.
             used = Usage(prompt_tokens=1000, completion_tokens=2_399_999_000)
             assert await domain.admission.settle(first, used)
@@ -81,6 +82,9 @@ def test_a_cost_budget_of_ten_thousand_units(open_domain: OpenDomain, clock: Fak
             with pytest.raises(QuotaExceededError) as refused:  # 8e9 + 2.4e9 > 1e10
                 await domain.admission.admit(ctx, "b", 1000, 300_000_000, model="m")
             assert refused.value.reason == "monthly_cost_budget"
+            message = str(refused.value)  # money as amounts, exact past 2**53 micro-units
+            assert "monthly cost budget of the tenant" in message and "10000.000000" in message
+            assert "1999.998000 is left" in message and "up to 2400.002000" in message
             # 900,000,000 output tokens cost 7,200 units, the prompt 0.002.
             used = Usage(prompt_tokens=1000, completion_tokens=900_000_000)
             assert await domain.admission.settle(first, used)

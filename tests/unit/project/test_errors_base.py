@@ -10,6 +10,7 @@ from engine.device import DeviceUnavailableError
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from engine.lora.adapter import AdapterError
 from tenants.errors import MeterClosedError, MigrationError, QuotaExceededError, TenantError
+from tenants.rate_limit import RateState
 from web.ops.errors import to_api_error
 
 
@@ -46,7 +47,9 @@ def test_a_code_without_its_own_status_takes_its_familys(
 
 
 def test_quota_refusals_keep_their_retry_and_limit_headers() -> None:
-    exc = QuotaExceededError("slow down", reason="rpm", retry_after_s=2.5, limit_requests=10)
+    exc = QuotaExceededError(
+        "slow down", reason="rpm", retry_after_s=2.5, rate=RateState(limit_requests=10)
+    )
     error = to_api_error(exc)
     assert error.status_code == 429
     assert error.headers["Retry-After"] == "3"

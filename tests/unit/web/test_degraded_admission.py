@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tenants.errors import DuplicateRequestError, PromptTooLargeError, QuotaExceededError
+from tenants.errors import (
+    DuplicateRequestError,
+    LimitUnreachableError,
+    PromptTooLargeError,
+    QuotaExceededError,
+)
 from tenants.schemas import AuthContext, Quotas
 from web.tenancy.db_monitor import DegradedMetrics
 from web.tenancy.degraded import LocalAdmission
@@ -101,11 +106,16 @@ def test_tokens_per_minute_counts_prompt_and_max_tokens_and_refunds_unused() -> 
     assert second.remaining_tokens == 1000 - 350 - 300
 
 
-def test_a_request_larger_than_a_minutes_tokens_is_told_to_wait_a_minute() -> None:
+def test_a_request_larger_than_a_minutes_tokens_is_refused_for_good() -> None:
     admission, _, _ = local()
-    with pytest.raises(QuotaExceededError) as refused:
+    with pytest.raises(LimitUnreachableError) as refused:
         admission.admit(ctx(tokens_per_minute=100), "r1", 90, 20, outage=1)
-    assert refused.value.retry_after_s == pytest.approx(60.0)
+    assert (refused.value.reason, refused.value.limit, refused.value.requested) == (
+        "tokens_per_minute",
+        100,
+        110,
+    )
+    assert admission.in_flight("tn_a") == 0
 
 
 def test_unlimited_quotas_admit_and_report_no_limits() -> None:
@@ -138,7 +148,7 @@ def test_the_last_known_budget_bounds_what_an_outage_may_spend() -> None:
     with pytest.raises(QuotaExceededError) as refused:
         admission.admit(tenant, "r2", 10, 20, outage=1)
     assert refused.value.reason == "monthly_token_budget"
-    assert refused.value.remaining_tokens == 20
+    assert "20 tokens left" in str(refused.value) and "needs up to 30" in str(refused.value)
     admission.release(first, 70)  # used 70 of the 100: 30 come back, 50 left
     assert admission.budget_left("tn_a") == 50
     admission.admit(tenant, "r2", 10, 20, outage=1)

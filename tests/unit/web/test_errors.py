@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import msgspec
 import pytest
 from litestar.exceptions import NotFoundException, ValidationException
 
 from engine.errors import EngineDeadError, EngineOverloadedError, PromptTooLongError
 from tenants.errors import (
+    BudgetExhaustedError,
     InvalidKeyError,
+    LimitUnreachableError,
     PromptTooLargeError,
     QuotaExceededError,
     TenantSuspendedError,
 )
+from tenants.rate_limit import RateState
 from web.ops.errors import ApiError, error_response, retry_headers, to_api_error
+from web.ops.rate_headers import ratelimit_headers, reset_duration
 
 
 @pytest.mark.parametrize(
@@ -56,22 +62,88 @@ def test_internal_errors_do_not_leak_details() -> None:
 
 
 def test_quota_refusal_carries_retry_and_ratelimit_headers() -> None:
+    rate = RateState(limit_requests=60, remaining_requests=0, reset_requests_s=59.5)
     exc = QuotaExceededError(
-        "slow down",
-        reason="requests_per_minute",
-        retry_after_s=2.25,
-        limit_requests=60,
-        remaining_requests=0,
-        limit_tokens=None,
-        remaining_tokens=None,
+        "slow down", reason="requests_per_minute", retry_after_s=2.25, rate=rate
     )
     error = to_api_error(exc)
     assert error.status_code == 429
+    assert (error.type, error.code) == ("rate_limit_error", "rate_limit_exceeded")
     assert error.headers == {
         "Retry-After": "3",
         "retry-after-ms": "2250",
         "x-ratelimit-limit-requests": "60",
         "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "59.5s",
+    }
+
+
+def test_a_spent_budget_is_insufficient_quota_without_a_retry() -> None:
+    resets = datetime(2031, 2, 1, tzinfo=UTC)
+    rate = RateState(limit_tokens=1000, remaining_tokens=990, reset_tokens_s=0.6)
+    exc = BudgetExhaustedError(
+        "spent",
+        reason="monthly_token_budget",
+        budget=100,
+        remaining=0,
+        resets_at=resets,
+        retry_after_s=2_197_093.0,
+        rate=rate,
+    )
+    error = to_api_error(exc)
+    body = error_response(error).content["error"]
+    assert error.status_code == 429
+    assert (body["type"], body["code"]) == ("insufficient_quota", "insufficient_quota")
+    # No month-long Retry-After: a client is told not to retry at all.
+    assert "Retry-After" not in error.headers and "retry-after-ms" not in error.headers
+    assert error.headers == {
+        "x-should-retry": "false",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "990",
+        "x-ratelimit-reset-tokens": "600ms",
+    }
+
+
+def test_a_request_above_a_limit_itself_is_a_400() -> None:
+    exc = LimitUnreachableError(
+        "needs 5000", reason="tokens_per_minute", limit=1000, requested=5000
+    )
+    error = to_api_error(exc)
+    assert (error.status_code, error.type, error.code) == (
+        400,
+        "invalid_request_error",
+        "tokens_exceed_limit",
+    )
+    assert error.param == "max_tokens" and "Retry-After" not in error.headers
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0, "0s"),
+        (0.0004, "0s"),
+        (0.12, "120ms"),
+        (1.0, "1s"),
+        (8.64, "8.64s"),
+        (59.9996, "1m0s"),
+        (360.0, "6m0s"),
+        (90.5, "1m30.5s"),
+        (3723.0, "1h2m3s"),
+    ],
+)
+def test_reset_headers_read_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert reset_duration(seconds) == text
+
+
+def test_unlimited_limits_send_no_header() -> None:
+    assert ratelimit_headers(RateState()) == {}
+    only_tokens = ratelimit_headers(
+        RateState(limit_tokens=10, remaining_tokens=4, reset_tokens_s=36.0)
+    )
+    assert set(only_tokens) == {
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
     }
 
 

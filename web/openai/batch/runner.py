@@ -221,7 +221,7 @@ class BatchRunner:
                 raise _RetryLaterError(self.settings.batch_poll_s) from error
             spent = ApiError(
                 429,
-                f"The tenant's monthly budget is exhausted ({error}); this line was not run.",
+                f"{error} This line was not run.",
                 code="insufficient_quota",
             )
             return results.refusal(claim.custom_id, request_id, spent)
