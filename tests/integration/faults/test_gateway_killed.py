@@ -1,5 +1,6 @@
 """`kill -9` of a gateway mid-stream locks nobody out and loses no usage: its lease expires, the
-next gateway frees the slot and the reservation and writes the request's one usage event."""
+next gateway frees the slot and the reservation and writes the request's one usage event, with
+the output tokens the dead gateway had checkpointed on the reservation."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from tenants import Database
-from tenants.models import UsageEventRow
+from tenants.models import Reservation, UsageEventRow
 from tenants.schemas import Quotas
 from tests.integration.gateway_fakes import MODEL
 from tests.integration.pg_gateway import ADMIN_TOKEN, create_tenant, migrated_database, read_books
@@ -29,7 +30,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("crash_gateway_worker.py")
 LEASE_S = 1.5
-STREAM = {"model": MODEL, "prompt": "a long story", "max_tokens": 200, "stream": True}
+CHECKPOINT_S = 0.2
+MAX_TOKENS = 200
+STREAM = {"model": MODEL, "prompt": "a long story", "max_tokens": MAX_TOKENS, "stream": True}
 SHORT = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
 
 
@@ -57,6 +60,7 @@ def _gateway(
         "ATRIUM_ADMIN_TOKEN": ADMIN_TOKEN,
         "ATRIUM_USAGE_SPOOL_PATH": str(tmp / f"{name}.spool"),
         "ATRIUM_GATEWAY_LEASE_S": str(LEASE_S),
+        "ATRIUM_USAGE_CHECKPOINT_S": str(CHECKPOINT_S),
         "ATRIUM_DRAIN_GRACE_S": "1",
     }
     log_path = tmp / f"{name}.log"
@@ -103,6 +107,19 @@ async def _events_of(url: str, request_id: str) -> list[tuple[str, int, int]]:
         await db.close()
 
 
+async def _checkpointed(url: str, request_id: str) -> int:
+    """The output tokens last checkpointed on the request's reservation (0: none yet)."""
+    db = await Database.connect(url)
+    try:
+        async with db.sessions() as session:
+            tokens = await session.scalar(
+                select(Reservation.completion_tokens).where(Reservation.request_id == request_id)
+            )
+            return int(tokens or 0)
+    finally:
+        await db.close()
+
+
 def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
     database_url: str, tmp_path: Path, tiny_llama_dir: Path
 ) -> None:
@@ -118,6 +135,10 @@ def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
         killed = stream.headers["x-request-id"]
         chunks = stream.iter_lines()
         assert sum(1 for line, _ in zip(chunks, range(6), strict=False) if line) >= 3
+        deadline = time.monotonic() + 10
+        while (checkpointed := asyncio.run(_checkpointed(database_url, killed))) < 3:
+            assert time.monotonic() < deadline, "no output checkpointed on the reservation"
+            next(chunks)  # keep reading, so the stream goes on
         proc.send_signal(signal.SIGKILL)  # mid-stream: no drain, no settle
         proc.wait()
         killed_at = time.monotonic()
@@ -132,6 +153,7 @@ def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
             assert time.monotonic() - ready_at < 20, "the tenant is still locked out"
             time.sleep(0.1)
         waited = time.monotonic() - ready_at
+        served_id = served.headers["x-request-id"]
         books = asyncio.run(read_books(database_url))
         assert books.reservations == 0 and books.in_flight == 0  # the served one settled too
 
@@ -141,7 +163,11 @@ def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
         _events_of(database_url, killed)
     )
     assert more == []
-    assert status == "gateway_lost" and prompt_tokens > 0 and completion_tokens == 0
+    # Billed the prompt and the output delivered up to the last checkpoint before the kill.
+    assert status == "gateway_lost" and prompt_tokens > 0
+    assert checkpointed <= completion_tokens < MAX_TOKENS
+    (_, short_prompt, short_completion), *_ = asyncio.run(_events_of(database_url, served_id))
     books = asyncio.run(read_books(database_url))
+    assert books.budget_used == prompt_tokens + completion_tokens + short_prompt + short_completion
     assert books.budget_reserved == 0 and books.in_flight == 0 and books.reservations == 0
     assert len(books.request_ids) == 2  # the killed request and the one served after
