@@ -30,6 +30,7 @@ from tenants.key_service import KeyService
 from tenants.lease_keeper import LeaseKeeper
 from tenants.meter import UsageMeter
 from tenants.records import UsageEvent
+from tenants.schema_version import upgrade_unless_newer
 from tenants.schemas import Admission, AuthContext, Usage
 from tenants.timeutil import month_period
 from web.ops.errors import ratelimit_headers, unavailable
@@ -368,8 +369,8 @@ async def connect_sql_tenancy(
     lease (the owner of this gateway's reservations and batch claims) and the outage monitor,
     and leave the services on ``state`` for the admin API and the Batch API."""
     db = await Database.connect(settings.database_url)
-    if db.dialect == "sqlite":
-        await db.upgrade()
+    if db.dialect == "sqlite":  # a newer schema this code runs on stays (a rollback)
+        await upgrade_unless_newer(db)
     secret = settings.server_secret.encode() if settings.server_secret else None
     domain = await TenantDomain.open(
         db, spool_path=Path(settings.usage_spool_path), key_secret=secret

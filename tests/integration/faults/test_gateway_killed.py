@@ -5,10 +5,8 @@ the output tokens the dead gateway had checkpointed on the reservation."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,13 +20,11 @@ from tenants import Database
 from tenants.models import Reservation, UsageEventRow
 from tenants.schemas import Quotas
 from tests.integration.gateway_fakes import MODEL
-from tests.integration.pg_gateway import ADMIN_TOKEN, create_tenant, migrated_database, read_books
+from tests.integration.gateway_process import started_gateway
+from tests.integration.pg_gateway import create_tenant, migrated_database, read_books
 from tests.support.postgres import migrate, pg_url
-from tests.support.serve import free_port
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[3]
-WORKER = Path(__file__).with_name("crash_gateway_worker.py")
 LEASE_S = 1.5
 CHECKPOINT_S = 0.2
 MAX_TOKENS = 200
@@ -51,44 +47,9 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def _gateway(
     model: Path, url: str, tmp: Path, name: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A gateway process, once ready; stopped (SIGINT, then SIGKILL) on the way out."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "ATRIUM_DATABASE_URL": url,
-        "ATRIUM_ADMIN_TOKEN": ADMIN_TOKEN,
-        "ATRIUM_USAGE_SPOOL_PATH": str(tmp / f"{name}.spool"),
-        "ATRIUM_GATEWAY_LEASE_S": str(LEASE_S),
-        "ATRIUM_USAGE_CHECKPOINT_S": str(CHECKPOINT_S),
-        "ATRIUM_DRAIN_GRACE_S": "1",
-    }
-    log_path = tmp / f"{name}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), str(model), str(port)], env=env, stdout=log, stderr=log
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60  # start-up alone takes 15 s on a busy 2-core box
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "gateway not ready:\n" + log_path.read_text()
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        yield base, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    env = {"ATRIUM_GATEWAY_LEASE_S": str(LEASE_S), "ATRIUM_USAGE_CHECKPOINT_S": str(CHECKPOINT_S)}
+    with started_gateway(model, url, tmp, name, env=env) as started:
+        yield started
 
 
 async def _events_of(url: str, request_id: str) -> list[tuple[str, int, int]]:
