@@ -49,7 +49,7 @@ class _Settling(NamedTuple):
     done: asyncio.Future[bool]
 
 
-def _fail(done: asyncio.Future[bool], error: Exception) -> None:
+def _fail(done: asyncio.Future[Any], error: Exception) -> None:
     if not done.done():
         done.set_exception(error)
 
