@@ -36,7 +36,7 @@ from tenants.refusals import (
     too_many_running,
 )
 from tenants.schemas import Admission, AuthContext, Quotas, Usage
-from tenants.settlement import BUDGET_ROW, Charge, release_all, take_reservations
+from tenants.settlement import BUDGET_ROW, Charge, checkpoint, release_all, take_reservations
 from tenants.tenant_service import load_tenant, quotas_of
 from tenants.timeutil import Clock, month_period, next_month_start, utc_now
 from tenants.upsert import insert_ignore_stmt
@@ -55,7 +55,7 @@ class _Settling(NamedTuple):
     done: asyncio.Future[bool]
 
 
-def _fail(done: asyncio.Future[bool], error: Exception) -> None:
+def _fail(done: asyncio.Future[Any], error: Exception) -> None:
     if not done.done():
         done.set_exception(error)
 
@@ -130,6 +130,10 @@ class AdmissionService:
         self._db = db
         self._clock = clock
         self._settling: list[_Settling] = []  # settlements waiting for the next transaction
+        # Checkpoints of output delivered (request id: tokens) waiting for the next transaction,
+        # and who waits for them to be written.
+        self._delivered: dict[str, int] = {}
+        self._checkpointed: list[asyncio.Future[None]] = []
         self._settler: asyncio.Task[None] | None = None  # writes them, one group at a time
 
     async def admit(
@@ -221,25 +225,52 @@ class AdmissionService:
         loop = asyncio.get_running_loop()
         settling = _Settling(admission, usage, event, loop.create_future())
         self._settling.append(settling)
+        self._wake_settler(loop)
+        return await asyncio.shield(settling.done)
+
+    async def checkpoint(self, delivered: dict[str, int]) -> None:
+        """Record on the reservations of ``delivered`` (request id: output tokens delivered so
+        far) how far each answer got, with the next group of settlements (or alone when none
+        is waiting); a reclaimer bills that much should this gateway die. Returns once written;
+        raises what failed the write."""
+        if not delivered:
+            return
+        loop = asyncio.get_running_loop()
+        for request_id, tokens in delivered.items():
+            self._delivered[request_id] = max(tokens, self._delivered.get(request_id, 0))
+        written: asyncio.Future[None] = loop.create_future()
+        self._checkpointed.append(written)
+        self._wake_settler(loop)
+        await asyncio.shield(written)
+
+    def _wake_settler(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._settler is None or self._settler.get_loop() is not loop:
             self._settler = loop.create_task(self._settle_queued())
-        return await asyncio.shield(settling.done)
 
     async def _settle_queued(self) -> None:
         group: list[_Settling] = []
+        waiting: list[asyncio.Future[None]] = []
         try:
-            while self._settling:
+            while self._settling or self._checkpointed:
                 group, self._settling = self._settling[:MAX_GROUP], self._settling[MAX_GROUP:]
+                delivered, self._delivered = self._delivered, {}
+                waiting, self._checkpointed = self._checkpointed, []
                 results: list[bool | Exception]
                 try:
-                    results = list(await self._settle_group(group))
+                    results = list(await self._settle_group(group, delivered))
                 except Exception as error:
-                    if len(group) == 1 or is_unavailable(error):
+                    for written in waiting:  # a checkpoint is retried by the next one
+                        _fail(written, error)
+                    if is_unavailable(error) or (len(group) == 1 and not delivered):
                         for settling in group:
                             _fail(settling.done, error)
                         continue
                     # One settlement's failure (its usage row refused) fails no other: each alone.
                     results = [await self._settle_alone(settling) for settling in group]
+                else:
+                    for written in waiting:
+                        if not written.done():
+                            written.set_result(None)
                 for settling, result in zip(group, results, strict=True):
                     if isinstance(result, Exception):
                         _fail(settling.done, result)
@@ -248,7 +279,9 @@ class AdmissionService:
         except asyncio.CancelledError:  # the loop is closing: nobody is left to wait
             for settling in group + self._settling:
                 settling.done.cancel()
-            self._settling = []
+            for written in waiting + self._checkpointed:
+                written.cancel()
+            self._settling, self._checkpointed, self._delivered = [], [], {}
             raise
         finally:
             if self._settler is asyncio.current_task():
@@ -260,10 +293,20 @@ class AdmissionService:
         except Exception as error:
             return error
 
-    async def _settle_group(self, group: list[_Settling]) -> list[bool]:
-        """Settle ``group`` in one transaction; whether each took its reservation (of two
-        settlements of one request id, the first)."""
+    async def _settle_group(
+        self, group: list[_Settling], delivered: dict[str, int] | None = None
+    ) -> list[bool]:
+        """Settle ``group`` and write the checkpoints ``delivered`` in one transaction; whether
+        each settlement took its reservation (of two settlements of one request id, the
+        first)."""
         async with self._db.transaction() as session:
+            if delivered:  # a request settled in this group needs no checkpoint
+                settled = {s.admission.request_id for s in group}
+                await checkpoint(
+                    session, {rid: n for rid, n in delivered.items() if rid not in settled}
+                )
+            if not group:
+                return []
             held = await take_reservations(session, [s.admission.request_id for s in group])
             taken: list[bool] = []
             charges: list[Charge] = []

@@ -2,7 +2,8 @@
 
 Each gateway holds a lease row it renews while alive. Once a lease has expired, any gateway
 settles the reservations it held: the slot and the unused tokens come back, and the request
-gets its one usage event (``gateway_lost``, the prompt tokens only) unless it already has one.
+gets its one usage event (``gateway_lost``: the prompt, and the output tokens the dead gateway
+had checkpointed on the reservation) unless it already has one.
 Times are the gateways' own UTC clocks, so their skew must stay well below the lease period.
 """
 
@@ -106,7 +107,8 @@ class LeaseService:
             stored = await session.get(UsageEventRow, request_id)
             if stored is None:
                 await insert_events(self._db, session, [lost_event(held, now)])
-                charged, cached, completion = held.prompt_tokens, 0, 0
+                completion = held.completion_tokens
+                charged, cached = held.prompt_tokens + completion, 0
             else:  # the event was stored (spooled, replayed) but the settle never came
                 charged = stored.prompt_tokens + stored.completion_tokens
                 cached, completion = stored.cached_tokens, stored.completion_tokens

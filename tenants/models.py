@@ -172,7 +172,8 @@ class Reservation(Base):
     """An admitted, not yet settled request; deleting it is what makes settle idempotent.
 
     It is also the request's started record (migration 0005): the lease of the gateway serving
-    it, and what a reclaimer needs to write its usage event should that gateway die.
+    it, and what a reclaimer needs to write its usage event should that gateway die (with the
+    output tokens delivered up to the last checkpoint, migration 0012).
     """
 
     __tablename__ = "reservations"
@@ -187,6 +188,9 @@ class Reservation(Base):
     model: Mapped[str | None] = mapped_column(String(100))
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     cost: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)  # micro-units
+    # Output tokens delivered so far, checkpointed every few seconds by the gateway serving it
+    # (migration 0012): what a reclaimer bills should that gateway die mid-answer.
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
 
 
 class GatewayLease(Base):

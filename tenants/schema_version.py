@@ -10,6 +10,7 @@ from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection, Table, delete, insert, select
 
 from tenants.database import Database, script_location
+from tenants.errors import MigrationError
 from tenants.models import Setting
 
 # The settings row naming the oldest code revision that runs on the schema as it stands.
@@ -90,3 +91,19 @@ async def schema_state(db: Database) -> SchemaState:
             marker = await session.scalar(select(Setting.value).where(Setting.key == MARKER_KEY))
     head, known = code_revisions()
     return classify(revision, marker, head, known)
+
+
+async def upgrade_unless_newer(db: Database) -> SchemaState:
+    """Bring the database to this code's head, unless a later release migrated it to a schema
+    this code runs on (then left as it is: a rollback starts, and its `db upgrade` changes
+    nothing); a schema this code cannot run on raises MigrationError."""
+    state = await schema_state(db)
+    if state.kind in ("empty", "older"):
+        await db.upgrade()
+        return await schema_state(db)
+    if not state.ok:
+        raise MigrationError(
+            f"the database is at revision {state.revision}, which this version ({state.head}) "
+            "cannot run on; run the release that migrated it"
+        )
+    return state

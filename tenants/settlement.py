@@ -35,6 +35,7 @@ class Held(NamedTuple):
     model: str | None
     prompt_tokens: int
     cost: int  # micro-units reserved against a cost budget (0: none)
+    completion_tokens: int  # output delivered as of the serving gateway's last checkpoint
 
 
 # Built once (statements cost more CPU to build than to run); parameters by name.
@@ -48,6 +49,7 @@ _HELD_COLUMNS = (
     Reservation.model,
     Reservation.prompt_tokens,
     Reservation.cost,
+    Reservation.completion_tokens,
 )
 _TAKE = (
     delete(Reservation)
@@ -58,6 +60,16 @@ _TAKE_MANY = (
     delete(Reservation)
     .where(Reservation.request_id.in_(bindparam("request_ids", expanding=True)))
     .returning(*_HELD_COLUMNS)
+)
+_reservations: Table = Reservation.__table__  # type: ignore[assignment]
+# A checkpoint of the output delivered so far; never moves back (checkpoints may cross).
+_CHECKPOINT = (
+    update(_reservations)
+    .where(
+        _reservations.c.request_id == bindparam("of_request"),
+        _reservations.c.completion_tokens < bindparam("delivered", type_=BigInteger),
+    )
+    .values(completion_tokens=bindparam("delivered", type_=BigInteger))
 )
 # Core tables, so that a list of parameter sets is one plain executemany. Freeing n slots and
 # refunding r tokens at once ends where n single settlements would: each clamps at zero.
@@ -130,6 +142,16 @@ async def take_reservations(session: AsyncSession, request_ids: Sequence[str]) -
     return {row[0]: Held(*row) for row in result}
 
 
+async def checkpoint(session: AsyncSession, delivered: dict[str, int]) -> None:
+    """Record on each reservation of ``delivered`` (request id: output tokens delivered so far)
+    how far its answer got; a reservation already settled is no longer there, and is left be."""
+    if delivered:
+        await session.execute(
+            _CHECKPOINT,
+            [{"of_request": rid, "delivered": n} for rid, n in sorted(delivered.items())],
+        )
+
+
 async def release(
     session: AsyncSession, held: Held, charged: int, cached: int = 0, completion: int = 0
 ) -> None:
@@ -187,7 +209,8 @@ async def release_all(session: AsyncSession, charges: Sequence[Charge]) -> None:
 
 def lost_event(held: Held, now: datetime) -> UsageEvent:
     """The usage event of a request whose gateway died: what the started record knows (the
-    prompt), marked ``gateway_lost``."""
+    prompt, and the output delivered up to the gateway's last checkpoint), marked
+    ``gateway_lost``."""
     return UsageEvent(
         request_id=held.request_id,
         tenant_id=held.tenant_id,
@@ -196,7 +219,7 @@ def lost_event(held: Held, now: datetime) -> UsageEvent:
         batch_id=batch_of_request(held.request_id),  # a batch line is billed at batch price
         prompt_tokens=held.prompt_tokens,
         cached_tokens=0,
-        completion_tokens=0,
+        completion_tokens=held.completion_tokens,
         status="gateway_lost",
         started_at=held.created_at,
         finished_at=max(now, held.created_at),

@@ -42,7 +42,7 @@ from web.tenancy.prefix_delivery import start_prefix_delivery
 from web.tenancy.prefix_feed import internal_router
 from web.tenancy.principal import Tenancy
 from web.tenancy.services import tenancy_dependencies
-from web.tenancy.sql import connect_sql_tenancy
+from web.tenancy.sql import SqlTenancy, connect_sql_tenancy
 
 log = structlog.get_logger("atrium.web")
 Closer = Callable[[], Awaitable[None]]
@@ -143,6 +143,8 @@ def create_app(
             )
             app.state.tenancy = tenancy
             app.state.generation = service
+            if isinstance(tenancy, SqlTenancy):  # a crash bills the output delivered so far
+                tenancy.start_checkpoints(service.delivered, settings.usage_checkpoint_s)
             domain = getattr(app.state, "tenant_domain", None)
             if domain is not None and (settings.role == "gateway" or settings.max_loras > 0):
                 # Adapters load in this server's engine, or in the engines behind the router

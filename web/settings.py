@@ -97,6 +97,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # A gateway renews its lease in the database every third of this; once a lease is this
     # old, another gateway frees the dead one's concurrency slots and budget reservations.
     gateway_lease_s: float = 15.0
+    # Every this often, a gateway records on each running request's reservation the output
+    # tokens delivered so far: what is billed for it should this gateway die mid-answer.
+    usage_checkpoint_s: float = 2.0
     retry_after_s: int = 1
     # HTTP server limits: a request's headers must arrive within header_timeout_s (slow clients
     # are cut off), an idle keep-alive connection closes after keep_alive_timeout_s, and past
@@ -195,6 +198,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 raise SettingsError(f"{name} must be positive")
         if not 0 < self.gateway_lease_s < math.inf:
             raise SettingsError("gateway_lease_s must be positive")
+        if not 0 < self.usage_checkpoint_s < math.inf:
+            raise SettingsError("usage_checkpoint_s must be positive")
         if not 0 < self.header_timeout_s < math.inf:
             raise SettingsError("header_timeout_s must be positive")
         if self.keep_alive_timeout_s <= 0:

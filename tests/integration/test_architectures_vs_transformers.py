@@ -1,10 +1,13 @@
 """Every supported architecture, from safetensors and from GGUF, greedy token-identical (float32)
 to transformers' own model on the same tiny random weights, with chunked prefill and prefix-cache
-hits across sliding windows."""
+hits across sliding windows; and each architecture's folder as the installed transformers writes
+it from its class's default config (only the sizes set), so no default the engine assumes
+differs from the one transformers applies."""
 
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,14 @@ from radix_cache.radix_prefix_cache import RadixPrefixCache
 from tests.support.gguf_arch import arch_dir_to_gguf
 from tests.support.greedy import hf_greedy, run_greedy
 from tests.support.paged import PagedRunner, PagedSeq
-from tests.support.tiny_models import load_reference, make_tiny_model
+from tests.support.tiny_models import (
+    DEFAULT_CLASSES,
+    DEFAULT_SHAPE,
+    TOKEN_IDS,
+    default_config,
+    load_reference,
+    make_tiny_model,
+)
 
 NUM_NEW = 8
 SHARED = [(j * 11 + 3) % 256 for j in range(40)]  # two and a half pages: a prefix-cache hit
@@ -110,3 +120,23 @@ def test_logits_match_transformers(
     ends = list(itertools.accumulate(steps))
     got = torch.stack(seq.logits)
     torch.testing.assert_close(got, expected[[e - 1 for e in ends]], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", sorted(DEFAULT_CLASSES))
+def test_default_config_folders_match_transformers(
+    arch: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    config = default_config(arch)
+    cls, head = DEFAULT_CLASSES[arch]
+    defaults = cls().to_dict()
+    changed = {k for k, v in config.to_dict().items() if defaults.get(k) != v}
+    # Only sizes differ from the class's defaults (and what follows from them: the head size,
+    # the layer types of two layers, token ids dropped for the tiny vocabulary).
+    sizes = {*DEFAULT_SHAPE, *head, "head_dim", "layer_types", *TOKEN_IDS}
+    assert changed <= sizes, changed - sizes
+    hf_dir = make_tiny_model(arch, tmp_path_factory.mktemp(f"{arch}_default"), config=config)
+    written = json.loads((hf_dir / "config.json").read_text())
+    assert written["num_hidden_layers"] == 2 and written["hidden_size"] == 64
+    loaded = load_model(str(hf_dir), dtype=torch.float32)
+    expected = hf_greedy(load_reference(hf_dir), PROMPTS, NUM_NEW)  # type: ignore[arg-type]
+    assert _engine_greedy(loaded) == expected

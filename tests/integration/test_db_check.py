@@ -20,8 +20,9 @@ from sqlalchemy import Connection, delete, text
 
 from tenants import Database
 from tenants.database import script_location
+from tenants.errors import MigrationError
 from tenants.models import Setting
-from tenants.schema_version import MARKER_KEY
+from tenants.schema_version import MARKER_KEY, SchemaState, upgrade_unless_newer
 from tests.integration.pg_gateway import migrated_database
 from tests.support.postgres import migrate, pg_url
 from web.cli import main
@@ -115,6 +116,15 @@ def serve_problem(url: str) -> str | None:
     return schema_problem(Settings.load({"database_url": url}, environ={}))
 
 
+async def start_migration(url: str) -> SchemaState:
+    """What a gateway on the embedded database does at start (it migrates SQLite itself)."""
+    db = await Database.connect(url)
+    try:
+        return await upgrade_unless_newer(db)
+    finally:
+        await db.close()
+
+
 def test_db_check_accepts_a_newer_compatible_schema_and_refuses_the_rest(
     database_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -136,6 +146,11 @@ def test_db_check_accepts_a_newer_compatible_schema_and_refuses_the_rest(
     assert out.strip() == f"{nxt} (newer than this code's {head}; code from {head} on runs on it)"
     if not database_url.startswith("sqlite"):  # serve applies the same rule
         assert serve_problem(database_url) is None
+    else:  # and a gateway on SQLite starts on it, leaving it as it is
+        assert asyncio.run(start_migration(database_url))[:2] == ("newer", nxt)
+    # A rollback's migration Job runs this code's `db upgrade`: nothing to do, and it says so.
+    assert main(["db", "upgrade", "--database-url", database_url]) == 0
+    assert capsys.readouterr().out == out
     # The release after drops what this code reads (contract): refused, and said why.
     after = f"{int(head) + 2:04d}"
     later_release(
@@ -148,6 +163,13 @@ def test_db_check_accepts_a_newer_compatible_schema_and_refuses_the_rest(
     if not database_url.startswith("sqlite"):
         problem = serve_problem(database_url)
         assert problem is not None and f"revision {after}" in problem
+    else:
+        with pytest.raises(MigrationError, match=f"at revision {after}, which this version"):
+            asyncio.run(start_migration(database_url))
+    assert main(["db", "upgrade", "--database-url", database_url]) != 0
+    assert f"at revision {after}, which this version ({head}) cannot run on" in (
+        capsys.readouterr().err
+    )
     # A revision id nobody's migrations recorded: of no lineage this code knows.
     asyncio.run(forget_lineage(database_url))
     status, out, err = db_check(database_url, capsys)

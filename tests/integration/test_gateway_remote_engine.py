@@ -1,22 +1,28 @@
-"""The gateway over an engine reached by HTTP (``HttpEngineClient``), with scripted engine
+""" "The gateway over an engine reached by HTTP (``HttpEngineClient``), with scripted engine
 answers: what the tenant sees and what is metered when the engine refuses, is unreachable, or
-is cut off mid-stream."""
+is cut off mid-stream; readiness and engine counters as the engines come and go."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from litestar.testing import TestClient
 
+from engine.stats import EngineSnapshot, EngineStats
 from engine.tokenizer import Tokenizer
 from tests.integration.gateway_fakes import KEY_A, make_tenancy, settings
 from tests.support.serve import free_port
 from web.app import create_app
 from web.engine_api.client import LOST, HttpEngineClient
+from web.engine_api.fleet import Fleet
+from web.engine_api.local import engine_numbers
+from web.engine_api.wire import STATE_PATH
 from web.openai.generation import ModelRuntime
 from web.tenancy.principal import InMemoryTenancy
 
@@ -48,20 +54,34 @@ class CutStream(httpx.AsyncByteStream):
             raise httpx.ReadError("connection reset")
 
 
-def gateway(tiny_llama_dir: Path, handler: Handler, url: str = "http://engine.test") -> TestClient:  # type: ignore[type-arg]
+def gateway(  # type: ignore[type-arg]
+    tiny_llama_dir: Path,
+    handler: Handler,
+    url: str = "http://engine.test",
+    poll_s: float | None = None,
+) -> TestClient:
+    """A gateway over ``handler``'s engine; with ``poll_s``, polling its state that often (as
+    the gateway role's fleet does)."""
     tokenizer = Tokenizer.from_dir(tiny_llama_dir)
     seen: list[dict[str, object]] = []
 
     def record(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
+        if request.method == "POST":  # a generation (the fleet polls with GETs)
+            seen.append(json.loads(request.content))
         assert request.headers["authorization"] == "Bearer engine-secret"
         return handler(request)
 
     transport = httpx.MockTransport(record) if url == "http://engine.test" else None
     client = HttpEngineClient(url, "engine-secret", tokenizer, MODEL, transport=transport)
     runtime = ModelRuntime(MODEL, client, tokenizer, max_model_len=256)
+    if poll_s is not None:
+        runtime.stats = lambda: engine_numbers(client.stats())  # as the gateway role's
     app = create_app(settings(), engine=runtime, store=make_tenancy(), include_admin=False)
     app.state.sent = seen
+    if poll_s is not None:
+        client.fleet = Fleet(client, interval_s=poll_s)
+        app.on_startup.append(client.fleet.start)
+        app.on_shutdown.append(client.fleet.stop)
     return TestClient(app)
 
 
@@ -185,3 +205,47 @@ def test_logprobs_cross_by_token_id(tiny_llama_dir: Path) -> None:
     assert logprobs["token_logprobs"] == [-0.25, -0.5]
     assert logprobs["tokens"] == ["a", "b"]
     assert sent["atrium_sampling"]["logprobs"] == 1
+
+
+def _preemptions(client: TestClient) -> float:  # type: ignore[type-arg]
+    text = client.get("/metrics").text
+    (line,) = [x for x in text.splitlines() if x.startswith("atrium_engine_preemptions_total ")]
+    return float(line.split()[1])
+
+
+def _wait(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, "the engines' state was never polled"
+        time.sleep(0.02)
+
+
+def test_readyz_follows_the_engines_and_engine_counters_never_go_back(
+    tiny_llama_dir: Path,
+) -> None:
+    engine: dict[str, int | None] = {"preemptions": 5}  # None: the engine does not answer
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == STATE_PATH and engine["preemptions"] is not None:
+            counters = EngineStats(num_preemptions=engine["preemptions"])
+            return httpx.Response(
+                200, content=msgspec.json.encode(EngineSnapshot(counters=counters))
+            )
+        return httpx.Response(503)  # no worker list: the URL is one engine, and it is down
+
+    client = gateway(tiny_llama_dir, handler, poll_s=0.02)
+
+    def readyz() -> tuple[int, object]:
+        answer = client.get("/readyz")
+        return answer.status_code, answer.json()["engine_running"]
+
+    with client:
+        _wait(lambda: readyz() == (200, True))
+        assert _preemptions(client) == 5
+        engine["preemptions"] = None  # down (or a missed poll): not ready, nothing counted
+        _wait(lambda: readyz() == (503, False))
+        assert _preemptions(client) == 5
+        engine["preemptions"] = 6  # back, still counting from where it was
+        _wait(lambda: readyz() == (200, True) and _preemptions(client) == 6)
+        engine["preemptions"] = 2  # restarted: counting anew, on top of what was counted
+        _wait(lambda: _preemptions(client) == 8)

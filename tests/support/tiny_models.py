@@ -71,19 +71,60 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
 }
 
 
+# The shape of a model built from its class's default config: only sizes are set (and the
+# class's default token ids that would lie past the tiny vocabulary are dropped).
+DEFAULT_SHAPE: dict[str, Any] = {
+    "vocab_size": 260,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "initializer_range": 0.15,
+}
+# Per architecture: the config class, and its default head size where that is not
+# hidden_size / num_attention_heads (a size too).
+DEFAULT_CLASSES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
+    "llama": (LlamaConfig, {}),
+    "mistral": (MistralConfig, {}),
+    "qwen2": (Qwen2Config, {}),
+    "qwen3": (Qwen3Config, {"head_dim": 16}),
+    "phi3": (Phi3Config, {}),
+    "gemma2": (Gemma2Config, {"head_dim": 16}),
+    "gemma3": (Gemma3TextConfig, {"head_dim": 16}),
+}
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def default_config(arch: str) -> PretrainedConfig:
+    """``arch``'s config as its transformers class writes it by default, at a tiny size."""
+    cls, head = DEFAULT_CLASSES[arch]
+    config = cls(**DEFAULT_SHAPE, **head)
+    for name in TOKEN_IDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value >= DEFAULT_SHAPE["vocab_size"]:
+            setattr(config, name, None)  # Phi-3's 32000: no row of a tiny vocabulary
+    return config
+
+
 def tiny_config(arch: str, **overrides: Any) -> PretrainedConfig:
     cls, extra = ARCHITECTURES[arch]
     return cls(**{**TINY_CONFIG, "initializer_range": 0.15, **extra, **overrides})
 
 
-def make_tiny_model(arch: str, dir: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write config.json, model.safetensors and a byte-level tokenizer of a random tiny model.
+def make_tiny_model(
+    arch: str, dir: Path, seed: int = 0, *, config: PretrainedConfig | None = None, **overrides: Any
+) -> Path:
+    """Write config.json, model.safetensors and a byte-level tokenizer of a random tiny model
+    (of ``config``, else ``tiny_config(arch, **overrides)``).
 
     Norms and biases are drawn at random too (transformers starts them at 1, 0 or 0), so the
     comparison notices which goes where; Gemma's norms scale by 1 + weight.
     """
     torch.manual_seed(seed)
-    model: PreTrainedModel = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides))
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(
+        config if config is not None else tiny_config(arch, **overrides)
+    )
     model.eval()  # type: ignore[no-untyped-call]
     gemma = arch.startswith("gemma")
     with torch.no_grad():

@@ -10,11 +10,14 @@ from typing import Any
 from alembic.script import ScriptDirectory
 
 from tenants.database import Database, script_location
-from tenants.schema_version import SchemaState, schema_state
+from tenants.schema_version import SchemaState, schema_state, upgrade_unless_newer
 from web.cli.runner import EXIT_FAILED, database_flag, guarded, settings_of
 
 COMMANDS = (
-    ("upgrade", "apply pending migrations"),
+    (
+        "upgrade",
+        "apply pending migrations (none on a newer schema this code runs on: a rollback's)",
+    ),
     ("current", "show revision"),
     (
         "check",
@@ -39,7 +42,7 @@ def run_db(args: argparse.Namespace) -> int:
         db = await Database.connect(settings_of(args).database_url)
         try:
             if args.db_command == "upgrade":
-                await db.upgrade()
+                return await upgrade_unless_newer(db)
             return await schema_state(db)
         finally:
             await db.close()
@@ -47,7 +50,7 @@ def run_db(args: argparse.Namespace) -> int:
     state = guarded("db", lambda: asyncio.run(work()))
     if isinstance(state, int):
         return state
-    if args.db_command == "check":
+    if args.db_command in ("check", "upgrade"):
         return check(state)
     print(state.revision or "(empty database)")
     return 0

@@ -216,7 +216,8 @@ class HttpEngineClient(EngineClient):
 
     @property
     def is_running(self) -> bool:
-        return not self._closed
+        """Open, and (where the engines behind the URL are polled) one answered the last poll."""
+        return not self._closed and bool(getattr(self.fleet, "answering", True))
 
     @property
     def num_unfinished(self) -> int:

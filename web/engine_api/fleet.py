@@ -4,6 +4,11 @@ The engines are found from the router's worker list (``GET /workers``, smg's con
 the engine token); when the URL answers no such list it is taken to be one engine itself. Each
 engine's snapshot comes from its ``/atrium/v1/state``; the sum of all of them is what the
 gateway's ``stats()`` returns, and each one is listed on its own.
+
+The engines' counters are cumulative since each one started, so their sum would go back when an
+engine restarts, misses a poll or leaves. The fleet counts each engine on its own instead (what
+it reported before, and what it counted of its earlier lives): the summed counters it hands on
+never go down, and a restart's or a missed poll's tokens are counted once.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import httpx
 import msgspec
@@ -52,6 +57,41 @@ def _add_namespace(a: NamespaceSnapshot, b: NamespaceSnapshot) -> NamespaceSnaps
     )
 
 
+COUNTERS = tuple(field.name for field in fields(EngineStats))
+
+
+def _sum_stats(a: EngineStats, b: EngineStats) -> EngineStats:
+    return EngineStats(**{name: getattr(a, name) + getattr(b, name) for name in COUNTERS})
+
+
+class CounterBase:
+    """Per engine, its counters as reported last and as counted in all (its earlier lives
+    included), so that their sum never goes down."""
+
+    def __init__(self) -> None:
+        self._reported: dict[str, EngineStats] = {}
+        self._counted: dict[str, EngineStats] = {}
+
+    def count(self, url: str, now: EngineStats) -> None:
+        """Count what the engine at ``url`` did since its last report; counters below that
+        report mean it restarted, and everything it reports now is new."""
+        before = self._reported.get(url)
+        if before is None or any(getattr(now, n) < getattr(before, n) for n in COUNTERS):
+            before = EngineStats()
+        counted = self._counted.get(url, EngineStats())
+        self._counted[url] = EngineStats(
+            **{n: getattr(counted, n) + getattr(now, n) - getattr(before, n) for n in COUNTERS}
+        )
+        self._reported[url] = now
+
+    def total(self) -> EngineStats:
+        """Everything counted, of every engine ever seen."""
+        total = EngineStats()
+        for counted in self._counted.values():
+            total = _sum_stats(total, counted)
+        return total
+
+
 def merge_snapshots(snapshots: Sequence[EngineSnapshot]) -> EngineSnapshot:
     """The engines' snapshots summed (counts, pages, counters, per-namespace numbers)."""
     merged = EngineSnapshot()
@@ -67,9 +107,7 @@ def merge_snapshots(snapshots: Sequence[EngineSnapshot]) -> EngineSnapshot:
         free += snap.num_pages_free
         available += snap.num_pages_available
         page_size = page_size or snap.page_size
-        for field in fields(EngineStats):
-            name = field.name
-            setattr(counters, name, getattr(counters, name) + getattr(snap.counters, name))
+        counters = _sum_stats(counters, snap.counters)
         for namespace, numbers in snap.cache_by_namespace.items():
             known = caches.get(namespace)
             caches[namespace] = numbers if known is None else _add_namespace(known, numbers)
@@ -94,7 +132,13 @@ class Fleet:
         self.client = client
         self.interval_s = interval_s
         self.views: list[EngineView] = []
+        self._counters = CounterBase()
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def answering(self) -> bool:
+        """Whether an engine answered the last poll (the gateway is ready only then)."""
+        return any(view.healthy for view in self.views)
 
     async def engine_urls(self) -> list[str]:
         """The router's workers, or the URL itself when it is not a router."""
@@ -120,7 +164,11 @@ class Fleet:
     async def poll(self) -> list[EngineView]:
         urls = await self.engine_urls()
         self.views = list(await asyncio.gather(*(self._view(url) for url in urls)))
-        self.client.set_snapshot(merge_snapshots([v.snapshot for v in self.views if v.healthy]))
+        healthy = [view for view in self.views if view.healthy]
+        for view in healthy:
+            self._counters.count(view.url, view.snapshot.counters)
+        merged = merge_snapshots([view.snapshot for view in healthy])
+        self.client.set_snapshot(replace(merged, counters=self._counters.total()))
         return self.views
 
     def start(self) -> None:

@@ -398,6 +398,10 @@ class GenerationService:
         self.metrics.in_flight.inc()
         return job
 
+    def delivered(self) -> list[tuple[Ticket, int]]:
+        """Each request in flight's ticket and the output tokens it has delivered so far."""
+        return [(job.ticket, job.completion_tokens) for job in self.active.values()]
+
     def _engine_request(self, job: Job, choice: Choice) -> GenerateRequest:
         principal = job.ticket.principal
         return GenerateRequest(

@@ -7,7 +7,9 @@ once the monitor sees the database answer again.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +30,7 @@ from tenants.key_service import KeyService
 from tenants.lease_keeper import LeaseKeeper
 from tenants.meter import UsageMeter
 from tenants.records import UsageEvent
+from tenants.schema_version import upgrade_unless_newer
 from tenants.schemas import Admission, AuthContext, Usage
 from tenants.timeutil import month_period
 from web.ops.errors import unavailable
@@ -74,6 +77,8 @@ class SqlTenancy:
         self.monitor.recovery_hooks += [self._retry_settles, self._meter.flush]
         self._pending: dict[str, tuple[Admission, Usage]] = {}
         self.lease = lease  # owns this gateway's reservations (None: they have no owner)
+        self._checkpoints: dict[str, int] = {}  # output tokens last recorded, by request id
+        self._checkpointer: asyncio.Task[None] | None = None
         # Called with a tenant id once it is suspended or deleted (the engine drops its cache).
         self.on_tenant_gone: list[Callable[[str], None]] = []
 
@@ -196,6 +201,43 @@ class SqlTenancy:
                         Usage(prompt_tokens=0, completion_tokens=0),
                     )
 
+    def start_checkpoints(
+        self, delivered: Callable[[], Iterable[tuple[Ticket, int]]], interval_s: float
+    ) -> None:
+        """Every ``interval_s``, record the output tokens delivered so far of the requests in
+        flight (``delivered``: each one's ticket and count) on their reservations, so that a
+        gateway that dies mid-answer is billed for them by whoever reclaims its lease."""
+
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    await self.checkpoint(delivered())
+                except Exception as error:
+                    if not self.monitor.report(error):
+                        log.warning("usage_checkpoint_failed", error=repr(error))
+
+        self._checkpointer = asyncio.create_task(run(), name="usage-checkpoints")
+
+    async def checkpoint(self, delivered: Iterable[tuple[Ticket, int]]) -> None:
+        """Record the counts of ``delivered`` that grew since they were last recorded (a
+        request admitted while the database was away holds no reservation to record on)."""
+        changed: dict[str, int] = {}
+        seen: dict[str, int] = {}
+        for ticket, tokens in delivered:
+            if not isinstance(ticket.handle, Admission):
+                continue
+            request_id = ticket.handle.request_id
+            last = self._checkpoints.get(request_id, 0)
+            seen[request_id] = last
+            if tokens > last:
+                changed[request_id] = tokens
+        self._checkpoints = seen  # the requests that ended are forgotten
+        if not changed or self.monitor.down:
+            return
+        await self._admission.checkpoint(changed)
+        self._checkpoints.update(changed)
+
     async def ready(self) -> bool:
         return await self.monitor.check()
 
@@ -203,7 +245,15 @@ class SqlTenancy:
     def usage_durable(self) -> bool:
         return self._meter.healthy
 
+    async def stop_checkpoints(self) -> None:
+        task, self._checkpointer = self._checkpointer, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def close(self) -> None:
+        await self.stop_checkpoints()  # what is still running is settled from here on
         await self.monitor.stop()
         try:  # one last try, even in an outage: the database may be back already
             await self._retry_settles()
@@ -318,8 +368,8 @@ async def connect_sql_tenancy(
     lease (the owner of this gateway's reservations and batch claims) and the outage monitor,
     and leave the services on ``state`` for the admin API and the Batch API."""
     db = await Database.connect(settings.database_url)
-    if db.dialect == "sqlite":
-        await db.upgrade()
+    if db.dialect == "sqlite":  # a newer schema this code runs on stays (a rollback)
+        await upgrade_unless_newer(db)
     secret = settings.server_secret.encode() if settings.server_secret else None
     domain = await TenantDomain.open(
         db, spool_path=Path(settings.usage_spool_path), key_secret=secret
@@ -354,6 +404,7 @@ async def connect_sql_tenancy(
     state.batch_store = BatchStore(db)
 
     async def close() -> None:
+        await tenancy.stop_checkpoints()
         await tenancy.monitor.stop()
         await lease.stop()
         await domain.close()

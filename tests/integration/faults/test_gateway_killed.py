@@ -1,13 +1,12 @@
 """`kill -9` of a gateway mid-stream locks nobody out and loses no usage: its lease expires, the
-next gateway frees the slot and the reservation and writes the request's one usage event."""
+next gateway frees the slot and the reservation and writes the request's one usage event, with
+the output tokens the dead gateway had checkpointed on the reservation."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,18 +17,18 @@ import pytest
 from sqlalchemy import select
 
 from tenants import Database
-from tenants.models import UsageEventRow
+from tenants.models import Reservation, UsageEventRow
 from tenants.schemas import Quotas
 from tests.integration.gateway_fakes import MODEL
-from tests.integration.pg_gateway import ADMIN_TOKEN, create_tenant, migrated_database, read_books
+from tests.integration.gateway_process import started_gateway
+from tests.integration.pg_gateway import create_tenant, migrated_database, read_books
 from tests.support.postgres import migrate, pg_url
-from tests.support.serve import free_port
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[3]
-WORKER = Path(__file__).with_name("crash_gateway_worker.py")
 LEASE_S = 1.5
-STREAM = {"model": MODEL, "prompt": "a long story", "max_tokens": 200, "stream": True}
+CHECKPOINT_S = 0.2
+MAX_TOKENS = 200
+STREAM = {"model": MODEL, "prompt": "a long story", "max_tokens": MAX_TOKENS, "stream": True}
 SHORT = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
 
 
@@ -48,43 +47,9 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def _gateway(
     model: Path, url: str, tmp: Path, name: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A gateway process, once ready; stopped (SIGINT, then SIGKILL) on the way out."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "ATRIUM_DATABASE_URL": url,
-        "ATRIUM_ADMIN_TOKEN": ADMIN_TOKEN,
-        "ATRIUM_USAGE_SPOOL_PATH": str(tmp / f"{name}.spool"),
-        "ATRIUM_GATEWAY_LEASE_S": str(LEASE_S),
-        "ATRIUM_DRAIN_GRACE_S": "1",
-    }
-    log_path = tmp / f"{name}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER), str(model), str(port)], env=env, stdout=log, stderr=log
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60  # start-up alone takes 15 s on a busy 2-core box
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "gateway not ready:\n" + log_path.read_text()
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        yield base, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    env = {"ATRIUM_GATEWAY_LEASE_S": str(LEASE_S), "ATRIUM_USAGE_CHECKPOINT_S": str(CHECKPOINT_S)}
+    with started_gateway(model, url, tmp, name, env=env) as started:
+        yield started
 
 
 async def _events_of(url: str, request_id: str) -> list[tuple[str, int, int]]:
@@ -99,6 +64,19 @@ async def _events_of(url: str, request_id: str) -> list[tuple[str, int, int]]:
                 ).where(UsageEventRow.request_id == request_id)
             )
             return [(r[0], int(r[1]), int(r[2])) for r in rows]
+    finally:
+        await db.close()
+
+
+async def _checkpointed(url: str, request_id: str) -> int:
+    """The output tokens last checkpointed on the request's reservation (0: none yet)."""
+    db = await Database.connect(url)
+    try:
+        async with db.sessions() as session:
+            tokens = await session.scalar(
+                select(Reservation.completion_tokens).where(Reservation.request_id == request_id)
+            )
+            return int(tokens or 0)
     finally:
         await db.close()
 
@@ -118,6 +96,10 @@ def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
         killed = stream.headers["x-request-id"]
         chunks = stream.iter_lines()
         assert sum(1 for line, _ in zip(chunks, range(6), strict=False) if line) >= 3
+        deadline = time.monotonic() + 10
+        while (checkpointed := asyncio.run(_checkpointed(database_url, killed))) < 3:
+            assert time.monotonic() < deadline, "no output checkpointed on the reservation"
+            next(chunks)  # keep reading, so the stream goes on
         proc.send_signal(signal.SIGKILL)  # mid-stream: no drain, no settle
         proc.wait()
         killed_at = time.monotonic()
@@ -132,6 +114,7 @@ def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
             assert time.monotonic() - ready_at < 20, "the tenant is still locked out"
             time.sleep(0.1)
         waited = time.monotonic() - ready_at
+        served_id = served.headers["x-request-id"]
         books = asyncio.run(read_books(database_url))
         assert books.reservations == 0 and books.in_flight == 0  # the served one settled too
 
@@ -141,7 +124,11 @@ def test_a_killed_gateway_frees_the_tenant_within_the_lease_and_meters_once(
         _events_of(database_url, killed)
     )
     assert more == []
-    assert status == "gateway_lost" and prompt_tokens > 0 and completion_tokens == 0
+    # Billed the prompt and the output delivered up to the last checkpoint before the kill.
+    assert status == "gateway_lost" and prompt_tokens > 0
+    assert checkpointed <= completion_tokens < MAX_TOKENS
+    (_, short_prompt, short_completion), *_ = asyncio.run(_events_of(database_url, served_id))
     books = asyncio.run(read_books(database_url))
+    assert books.budget_used == prompt_tokens + completion_tokens + short_prompt + short_completion
     assert books.budget_reserved == 0 and books.in_flight == 0 and books.reservations == 0
     assert len(books.request_ids) == 2  # the killed request and the one served after

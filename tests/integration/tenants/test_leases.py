@@ -147,3 +147,44 @@ def test_a_released_lease_is_reclaimable_at_once_and_unowned_rows_only_when_old(
             assert statuses == [("legacy", "gateway_lost"), ("r1", "gateway_lost")]
 
     asyncio.run(body())
+
+
+def test_a_dead_gateways_checkpointed_output_is_billed_with_its_prompt(
+    open_domain: OpenDomain, clock: FakeClock
+) -> None:
+    async def body() -> None:
+        async with open_domain() as domain:
+            tenant = await domain.tenants.create(
+                TenantCreate(name="acme", quotas=Quotas(monthly_token_budget=1000))
+            )
+            _, secret = await domain.keys.create_key(tenant.id)
+            ctx = await domain.keys.authenticate(secret)
+            dead = await domain.leases.acquire(LEASE_S)
+            await domain.admission.admit(ctx, "r1", 30, 100, model="m", lease_id=dead)
+            done = await domain.admission.admit(ctx, "r2", 20, 100, model="m", lease_id=dead)
+            await domain.admission.checkpoint({"r1": 25})
+            # Checkpoints never move back; one written with a settlement (same group) or after
+            # it (the row is gone) changes nothing of the settled request.
+            await asyncio.gather(
+                domain.admission.checkpoint({"r1": 40, "r2": 9}),
+                domain.admission.settle(done, Usage(prompt_tokens=20, completion_tokens=5)),
+                domain.admission.checkpoint({"r1": 10}),
+            )
+            await domain.admission.checkpoint({"r2": 50})
+            async with domain.db.sessions() as session:
+                assert await session.scalar(select(Reservation.completion_tokens)) == 40
+
+            clock.advance(LEASE_S + 1)
+            assert await domain.leases.reclaim() == 1
+            async with domain.db.sessions() as session:
+                event = await session.get(UsageEventRow, "r1")
+            assert event is not None
+            assert (event.status, event.prompt_tokens, event.completion_tokens) == (
+                "gateway_lost",
+                30,
+                40,
+            )
+            # 30 + 40 for the lost request, 25 for the settled one; nothing left reserved.
+            assert (await _books(domain))[:4] == (0, 0, 95, 0)
+
+    asyncio.run(body())

@@ -1,21 +1,28 @@
 """platform/k8s operations: engines are scraped with their token, the autoscaler reads a gauge
-engines export, the dashboard queries only series Atrium exports, no tier is a single point, and
-every tier drains for as long as the longest response may run."""
+engines export, the dashboard queries only series Atrium exports, no tier is a single point,
+every tier drains for as long as the longest response may run, and each version's migration Job
+is a new object (an upgrade is a plain apply)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.kustomize import (
     K8S,
     OVERLAYS,
+    Obj,
     by_component,
     containers,
     env_of,
     find,
+    kubectl,
     pod_labels,
     pod_spec,
     render,
@@ -163,3 +170,47 @@ def test_every_tier_drains_for_the_longest_response_allowed(overlay: str) -> Non
     assert router_drain >= longest
     assert int(args[args.index("--request-timeout-secs") + 1]) >= longest
     assert pod_spec(parts["router"])["terminationGracePeriodSeconds"] >= router_drain + 5
+
+
+def _job_name_and_tag(objects: tuple[Obj, ...]) -> tuple[str, str]:
+    migrate = by_component(objects)["migrate"]
+    (container,) = containers(migrate)
+    return migrate["metadata"]["name"], container["image"].rpartition(":")[2]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_migration_job_is_named_for_its_version(overlay: str) -> None:
+    name, tag = _job_name_and_tag(render(overlay))
+    assert name == f"atrium-migrate-{tag}"
+    # A Job's name is also the value of its pods' job-name label: 63 characters at most.
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
+    migrate = by_component(render(overlay))["migrate"]
+    assert 0 < migrate["spec"]["ttlSecondsAfterFinished"] <= 24 * 3600  # old versions' Jobs go
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_a_new_image_tag_gives_a_new_migration_job(overlay: str, tmp_path: Path) -> None:
+    """What an upgrade changes (the tag in `images:`, behind a registry with a port) renames the
+    Job, so `kubectl apply -k` creates it instead of editing the finished one (refused)."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    path = copy / "overlays" / overlay / "kustomization.yaml"
+    kustomization = yaml.safe_load(path.read_text())
+    images = kustomization.setdefault("images", [])
+    cpu = next((i for i in images if i["name"] == "atrium-cpu"), None)
+    if cpu is None:
+        cpu = {"name": "atrium-cpu"}
+        images.append(cpu)
+    cpu.update(newName="registry.example.com:5000/atrium/atrium-cpu", newTag="0.2.0-rc.1")
+    path.write_text(yaml.safe_dump(kustomization))
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(path.parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    objects = tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+    assert _job_name_and_tag(objects) == ("atrium-migrate-0.2.0-rc.1", "0.2.0-rc.1")
+    assert _job_name_and_tag(render(overlay))[0] != "atrium-migrate-0.2.0-rc.1"

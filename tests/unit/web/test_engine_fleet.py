@@ -94,3 +94,37 @@ def test_the_model_card_comes_from_an_engine_behind_the_router() -> None:
             return await describe(http, "http://router.test", TOKEN)
 
     assert asyncio.run(run()) == {"id": "m", "max_model_len": 1024, "kv_capacity_tokens": 4096}
+
+
+def test_summed_counters_never_go_back_as_engines_restart_miss_polls_or_leave() -> None:
+    """Two engines: one misses a poll, comes back, restarts (counting anew), then both go."""
+    reports: dict[str, int | None] = {"e1": 10, "e2": 20}  # prefill tokens; None: no answer
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/workers":
+            return httpx.Response(
+                200, json={"workers": [{"url": "http://e1.test"}, {"url": "http://e2.test"}]}
+            )
+        tokens = reports[str(request.url.host).removesuffix(".test")]
+        if tokens is None:
+            return httpx.Response(503)
+        counters = EngineStats(num_prefill_tokens=tokens)
+        return httpx.Response(200, content=msgspec.json.encode(EngineSnapshot(counters=counters)))
+
+    polled = fleet(handler)
+    polled.client.fleet = polled  # as the gateway role wires it
+
+    def total() -> tuple[int, bool]:
+        asyncio.run(polled.poll())
+        return polled.client.stats().counters.num_prefill_tokens, polled.answering
+
+    assert total() == (30, True)
+    reports["e2"] = None  # a missed poll: what it counted stays
+    assert total() == (30, True)
+    reports.update(e1=15, e2=25)  # back, with five more each
+    assert total() == (40, True)
+    reports["e2"] = 3  # restarted: three new ones
+    assert total() == (43, True)
+    reports.update(e1=None, e2=None)  # none answers: not running, and nothing lost
+    assert total() == (43, False)
+    assert not polled.client.is_running
