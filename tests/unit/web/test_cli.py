@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -97,9 +98,11 @@ def test_generate_with_a_model_directory(
     argv = ["generate", "--prompt", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5"]
     assert main([*argv, "--dtype", "float32", "--seed", "1", "--temperature", "1"]) == 0
     first = capsys.readouterr().out
-    assert main([*argv, "--dtype", "float32", "--seed", "1", "--temperature", "1"]) == 0
-    assert capsys.readouterr().out == first  # same seed, same text
-    assert first.endswith("\n")
+    assert main([*argv, "--dtype", "float32", "--seed", "1", "--temperature", "1", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["text"] + "\n" == first  # same seed, same text
+    assert answer["model"] == tiny_llama_dir.name and answer["finish_reason"] in ("stop", "length")
+    assert answer["prompt_tokens"] > 0 and 0 < answer["completion_tokens"] <= 5
 
 
 @pytest.mark.slow
