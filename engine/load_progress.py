@@ -130,9 +130,11 @@ class LinesAbove(io.TextIOBase):
         self._console = console
         self._stream = stream
         self._partial = ""
+        self._lock = threading.Lock()  # threads of this process log while the bars draw
 
     def write(self, text: str) -> int:
-        *lines, self._partial = (self._partial + text).split("\n")
+        with self._lock:
+            *lines, self._partial = (self._partial + text).split("\n")
         for line in lines:
             self._console.print(
                 line, markup=False, highlight=False, emoji=False, soft_wrap=True, end="\n"
