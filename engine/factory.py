@@ -60,13 +60,13 @@ def load(
 
 def build_engine(spec: EngineSpec, progress: LoadProgress | None = None) -> BuiltEngine:
     """Set the threads, load the model and build its engine (the KV pool, and the timed steps
-    that warm the kernels up for the step target). ``progress`` is told each stage and left
-    open for its owner to close."""
+    that warm the kernels up for the step target). ``progress`` is told each stage (compile
+    kernels, read weights, pack weights, allocate KV cache, warm up: each with a total) and
+    left open for its owner to close."""
     progress = progress or NullProgress()
     if spec.torch_threads is not None:
         torch.set_num_threads(spec.torch_threads)
     loaded = load(spec.model, spec.dtype, spec.config.device, progress)
     factory = RadixPrefixCache if spec.prefix_cache else None
-    progress.stage("warm up", unit="steps")
-    engine = LLMEngine(loaded, spec.config, prefix_cache_factory=factory)
+    engine = LLMEngine(loaded, spec.config, prefix_cache_factory=factory, progress=progress)
     return BuiltEngine(engine, loaded.name)

@@ -21,6 +21,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.fair_share import FairSharePolicy
 from engine.kv_budget import free_memory, size_kv_pool
+from engine.load_progress import LoadProgress, NullProgress
 from engine.logits_processing import RowState, TokenHistory, process_logits
 from engine.logprobs import gather as gather_logprobs
 from engine.logprobs import take_raw
@@ -76,7 +77,10 @@ class LLMEngine:
         prefix_cache_factory: PrefixCacheFactory | None = None,
         policy: AdmissionPolicy | None = None,
         backend: AttentionBackend | None = None,
+        progress: LoadProgress | None = None,
     ) -> None:
+        """``progress`` is told of the KV cache's allocation and of the timed warm-up steps."""
+        progress = progress or NullProgress()
         self.config = config = config or EngineConfig()
         model_config = loaded.config
         self.vocab_size = model_config.vocab_size
@@ -92,6 +96,7 @@ class LLMEngine:
         )
         self.max_model_len = config.resolve_max_model_len(model_config.max_position_embeddings)
         self.num_pages = self._size_pool(config, bytes_per_page, device)
+        progress.stage("allocate KV cache", total=self.num_pages * bytes_per_page, unit="bytes")
         pool = PagePool(self.num_pages)
         if prefix_cache_factory is not None and config.enable_prefix_cache:
             self.cache = prefix_cache_factory(pool, page_size)
@@ -129,6 +134,7 @@ class LLMEngine:
             page_size=page_size,
             dtype=dtype,
             device=device,
+            on_allocated=progress.advance,
         )
         self.lora: LoraManager | None = None
         if config.max_loras > 0:
@@ -137,7 +143,7 @@ class LLMEngine:
             )
             self.runner.lora = self.lora
             self.scheduler.lora_slots = self.lora.slots
-        self.scheduler.target = self._step_target(config)
+        self.scheduler.target = self._step_target(config, progress)
         self.sampler = Sampler()
         self.structured: StructuredOutput | None = None  # built by the first constrained request
         self.stats = EngineStats()
@@ -176,13 +182,13 @@ class LLMEngine:
         )
         return size.num_pages
 
-    def _step_target(self, config: EngineConfig) -> StepTarget | None:
+    def _step_target(self, config: EngineConfig, progress: LoadProgress) -> StepTarget | None:
         """The step-time target of ``config``, with this machine's measured step costs."""
         if config.target_tpot_ms is None:
             return None
         try:
             costs = measure_step_costs(
-                self.runner, self.cache.pool, config.max_num_seqs, config.token_budget
+                self.runner, self.cache.pool, config.max_num_seqs, config.token_budget, progress
             )
         except ValueError as exc:
             log.warning("step_target_off", reason=str(exc))

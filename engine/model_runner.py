@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -38,7 +38,9 @@ class ModelRunner:
         page_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        on_allocated: Callable[[int], object] | None = None,
     ) -> None:
+        """``on_allocated`` is told the bytes of each layer's KV tensor once it is allocated."""
         self.model = model
         self.backend = backend
         self.page_size = page_size
@@ -53,6 +55,7 @@ class ModelRunner:
             config.head_dim,
             dtype,
             self.device,
+            on_allocated,
         )
 
     def prepare(self, seqs: Sequence[ScheduledSeq]) -> StepInputs:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.load_progress import LoadProgress, NullProgress
 from engine.model_runner import ModelRunner
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -24,6 +25,7 @@ CONTEXT_TOKENS = 128  # each made-up decode attends to this many tokens
 MAX_DECODES = 16
 MAX_CHUNK = 128
 REPEATS = 3  # the first run of each shape warms up; the fastest of the rest counts
+SHAPES = 3  # one decode, a batch of decodes, a prefill chunk
 
 
 def _request(num_tokens: int, pages: list[int]) -> Request:
@@ -40,7 +42,7 @@ def _request(num_tokens: int, pages: list[int]) -> Request:
     return request
 
 
-def _fastest(run: Callable[[], object], device: torch.device) -> float:
+def _fastest(run: Callable[[], object], device: torch.device, progress: LoadProgress) -> float:
     times = []
     for _ in range(REPEATS):
         start = time.perf_counter()
@@ -48,14 +50,21 @@ def _fastest(run: Callable[[], object], device: torch.device) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
+        progress.advance()
     return min(times[1:])
 
 
 def measure_step_costs(
-    runner: ModelRunner, pool: PagePool, max_num_seqs: int, token_budget: int
+    runner: ModelRunner,
+    pool: PagePool,
+    max_num_seqs: int,
+    token_budget: int,
+    progress: LoadProgress | None = None,
 ) -> StepCosts:
     """Time steps of one decode, of ``d`` decodes and of one prefill chunk, and solve for the
-    fixed, per-decode and per-token costs."""
+    fixed, per-decode and per-token costs; ``progress`` is told of each step as the stage
+    ``warm up``. ValueError (before any step) when the pool is too small for them."""
+    progress = progress or NullProgress()
     page_size = runner.page_size
     pages_per_decode = -(-(CONTEXT_TOKENS + 1) // page_size)
     chunk = min(MAX_CHUNK, token_budget)
@@ -67,6 +76,7 @@ def measure_step_costs(
     )
     if num_decodes < 2:
         raise ValueError("too few KV pages to measure a step's costs")
+    progress.stage("warm up", total=SHAPES * REPEATS, unit="steps")
     pages = pool.allocate(num_decodes * pages_per_decode + pages_per_chunk, OWNER)
     try:
         decodes = []
@@ -84,9 +94,9 @@ def measure_step_costs(
         def step(seqs: list[ScheduledSeq]) -> Callable[[], object]:
             return lambda: runner.forward(runner.prepare(seqs))
 
-        one = _fastest(step(decodes[:1]), device)
-        many = _fastest(step(decodes), device)
-        prefill_s = _fastest(step([prefill]), device)
+        one = _fastest(step(decodes[:1]), device, progress)
+        many = _fastest(step(decodes), device, progress)
+        prefill_s = _fastest(step([prefill]), device, progress)
     finally:
         pool.free(pages)
     per_decode = max((many - one) / (num_decodes - 1), 1e-6)

@@ -97,6 +97,19 @@ class UsageBucket(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
 
 
+class ModelUsageBucket(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``UsageBucket`` of one model, with the tenant's name."""
+
+    tenant_id: str
+    tenant_name: str
+    model: str
+    start: datetime
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
 class BillingRow(msgspec.Struct, frozen=True, kw_only=True):
     """One tenant and model (and currency) in an export; ``cost`` is ``cost_micros`` in units."""
 

@@ -6,9 +6,10 @@ Request-shaped structs forbid unknown fields so the gateway can decode JSON bodi
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -21,6 +22,16 @@ PatchableStatus = Literal["active", "suspended"]
 Scope = Literal["inference", "usage:read"]  # what a key may call: generation, its own usage
 SCOPES: tuple[Scope, ...] = ("inference", "usage:read")
 MAX_NAME_LEN = 100
+# A tenant's name is a handle typed on command lines (``atrium keys create acme``) and read in
+# URLs, exports and logs: lowercase letters, digits, ``.``, ``_`` and ``-``, at most 63, starting
+# with a letter or digit; never ``tn_…``, which is how ids look. Names stored before the rule
+# keep working; ``TenantService.create`` holds new tenants to it (there, a refusal names the
+# rule in the admin API's answer; a struct's own check would reach it as a bare 400).
+TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+TENANT_NAME_RULE = (
+    "name must be 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or "
+    "digit, and not 'tn_…' (e.g. acme or acme-prod)"
+)
 QUOTA_FIELDS = (
     "requests_per_minute",
     "tokens_per_minute",
@@ -77,6 +88,12 @@ def check_name(value: str, param: str = "name") -> None:
         raise InvalidInputError(f"{param} must not contain control characters", param)
 
 
+def check_tenant_name(value: str) -> None:
+    """A new tenant's name follows ``TENANT_NAME``; InvalidInputError otherwise."""
+    if not TENANT_NAME.fullmatch(value) or value.startswith("tn_"):
+        raise InvalidInputError(f"{TENANT_NAME_RULE}; got {value[:80]!r}", "name")
+
+
 class Quotas(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Per-tenant limits; ``None`` means unlimited."""
 
@@ -121,12 +138,12 @@ class QuotasPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: str
+    name: Annotated[str, msgspec.Meta(description=TENANT_NAME_RULE)]
     weight: float = 1.0
     quotas: Quotas = msgspec.field(default_factory=Quotas)
 
     def __post_init__(self) -> None:
-        check_name(self.name)
+        check_name(self.name)  # the service holds a new tenant to ``check_tenant_name``
         check_weight(self.weight)
 
 

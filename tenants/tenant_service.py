@@ -15,7 +15,14 @@ from tenants.database import Database
 from tenants.errors import ConflictError, TenantNotFoundError
 from tenants.key_format import new_id
 from tenants.models import ApiKey, Tenant
-from tenants.schemas import Quotas, TenantCreate, TenantInfo, TenantPatch, TenantStatus
+from tenants.schemas import (
+    Quotas,
+    TenantCreate,
+    TenantInfo,
+    TenantPatch,
+    TenantStatus,
+    check_tenant_name,
+)
 from tenants.timeutil import Clock, utc_now
 
 
@@ -73,6 +80,9 @@ class TenantService:
         self._on_change = on_change or (lambda _tenant_id: None)
 
     async def create(self, spec: TenantCreate, *, actor: str = "admin") -> TenantInfo:
+        """A new tenant; InvalidInputError for a name outside ``TENANT_NAME``, ConflictError for
+        one taken (by a deleted tenant too)."""
+        check_tenant_name(spec.name)
         now = self._clock()
         row = Tenant(
             id=new_id("tn"), name=spec.name, weight=spec.weight, status="active", created_at=now
@@ -101,6 +111,18 @@ class TenantService:
     async def get(self, tenant_id: str) -> TenantInfo:
         async with self._db.sessions() as session:
             return tenant_info(await load_tenant(session, tenant_id))
+
+    async def resolve(self, ref: str) -> str:
+        """The id of the live tenant ``ref`` names: its id, else its name (a name never looks
+        like an id); TenantNotFoundError otherwise."""
+        async with self._db.sessions() as session:
+            for column in (Tenant.id, Tenant.name):
+                found = await session.scalar(
+                    select(Tenant.id).where(column == ref, Tenant.status != "deleted")
+                )
+                if found is not None:
+                    return found
+        raise TenantNotFoundError(f"tenant {ref!r} not found")
 
     async def list_tenants(self, *, include_deleted: bool = False) -> list[TenantInfo]:
         stmt = select(Tenant).order_by(Tenant.created_at, Tenant.id)

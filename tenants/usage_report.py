@@ -15,8 +15,8 @@ from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.types import NullType
 
 from tenants.database import Database
-from tenants.models import UsageRollup
-from tenants.records import Granularity, UsageBucket
+from tenants.models import Tenant, UsageRollup
+from tenants.records import Granularity, ModelUsageBucket, UsageBucket
 from tenants.timeutil import check_window
 
 R = UsageRollup
@@ -92,3 +92,41 @@ class UsageReport:
             for tenant, at, requests, prompt, cached, completion in sorted(rows, key=BY_TENANT)
             if requests
         ]
+
+    async def usage_by_model(
+        self,
+        start: datetime,
+        end: datetime,
+        granularity: Granularity = "hour",
+        tenant_id: str | None = None,
+    ) -> list[ModelUsageBucket]:
+        """``usage`` split by model, with each tenant's name; ordered by tenant name, model,
+        then start."""
+        start, end = check_window(start, end)
+        bucket = bucket_start(self._db.dialect, granularity).label("bucket")
+        where = [R.hour >= start, R.hour < end]
+        if tenant_id is not None:
+            where.append(R.tenant_id == tenant_id)
+        stmt = (
+            select(R.tenant_id, Tenant.name, R.model, bucket, *(_total(c) for c in SUMS))
+            .join(Tenant, Tenant.id == R.tenant_id)
+            .where(*where)
+            .group_by(bucket, R.tenant_id, Tenant.name, R.model)
+        )
+        async with self._db.engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        found = [
+            ModelUsageBucket(
+                tenant_id=tenant,
+                tenant_name=name,
+                model=model,
+                start=as_utc(at),
+                requests=requests,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                completion_tokens=completion,
+            )
+            for tenant, name, model, at, requests, prompt, cached, completion in rows
+            if requests
+        ]
+        return sorted(found, key=lambda b: (b.tenant_name, b.tenant_id, b.model, b.start))

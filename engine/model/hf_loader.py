@@ -58,7 +58,9 @@ def load_hf_state(
     """Read the (possibly sharded) safetensors and return our fused state dict."""
     progress = progress or NullProgress()
     files = _weight_files(path)
-    progress.stage("read weights", total=sum(f.stat().st_size for f in files), unit="bytes")
+    total = sum(f.stat().st_size for f in files)
+    progress.stage("read weights", total=total, unit="bytes")
+    done = 0
     with ExitStack() as stack:
         where: dict[str, Any] = {}
         for file in files:
@@ -69,15 +71,18 @@ def load_hf_state(
         used: set[str] = set()
 
         def get(name: str) -> torch.Tensor:
+            nonlocal done
             if name not in where:
                 raise KeyError(f"tensor {name!r} missing from {path}")
             used.add(name)
             tensor: torch.Tensor = where[name].get_tensor(name)
+            done += tensor.nbytes
             progress.advance(tensor.nbytes)
             return tensor
 
         state = hf_to_fused(config, get, dtype, device)
         refuse_unused(where.keys() - used, str(path))
+        progress.advance(max(total - done, 0))  # the files' headers and ignored tensors
         return state
 
 

@@ -19,6 +19,7 @@ from torch.nn.functional import rms_norm
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.load_progress import LoadProgress, NullProgress
 from engine.model.config import ModelConfig
 from engine.model.mlp import MLP, Scratch
 from engine.model.native_ops import DTYPES as NATIVE_DTYPES
@@ -199,8 +200,11 @@ class LlamaForCausalLM(nn.Module):
             local and config.window(i) is not None for i in range(config.num_layers)
         )
 
-    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Adopt ``state`` (our fused names, final dtype and device) and build the RoPE table."""
+    def load_weights(
+        self, state: Mapping[str, torch.Tensor], progress: LoadProgress | None = None
+    ) -> None:
+        """Adopt ``state`` (our fused names, final dtype and device) and build the RoPE table;
+        ``progress`` is told of the packing, where it applies."""
         self.load_state_dict(dict(state), strict=True, assign=True)
         weight = self.embed_tokens.weight
         c = self.config
@@ -222,7 +226,7 @@ class LlamaForCausalLM(nn.Module):
             self.rope_local_cos = cos.to(weight.dtype)
             self.rope_local_sin = signed_sin(sin).to(weight.dtype)
         self.eval()
-        self.pack_weights()
+        self.pack_weights(progress)
         native = weight.device.type == "cpu" and weight.dtype in NATIVE_DTYPES
         self.use_native_ops(load_native_ops() if native else None)
 
@@ -237,11 +241,14 @@ class LlamaForCausalLM(nn.Module):
                 if norm is not None:  # it runs over strided head views: torch's
                     norm.native = None
 
-    def pack_weights(self) -> bool:
+    def pack_weights(self, progress: LoadProgress | None = None) -> bool:
         """Keep a oneDNN-packed copy of every projection where that applies (CPU, bf16 or float32);
-        the parameters stay as they are (state dict, export). Returns whether it applied."""
+        the parameters stay as they are (state dict, export). Returns whether it applied.
+        ``progress`` is told of each weight (the first of a shape may take seconds: its small
+        products are checked against oneDNN's)."""
         if not packing_supported(self.output_weight):
             return False
+        progress = progress or NullProgress()
         # (module, attribute for its packed copy, weight, largest step the pair product takes)
         slots: list[tuple[nn.Module, str, torch.Tensor, int]] = []
         for layer in self.layers:
@@ -256,7 +263,12 @@ class LlamaForCausalLM(nn.Module):
         # The LM head takes one row per sampled sequence: checked up to decode batch sizes.
         slots.append((self, "output_packed", self.output_weight, SMALL_BATCH))
         # The pair layouts in one buffer on huge pages (they are streamed every decode step).
-        packs = gather_pairs([pack(weight, rows) for _, _, weight, rows in slots])
+        progress.stage("pack weights", total=len(slots), unit="weights")
+        packs: list[Packed | None] = []
+        for _, _, weight, rows in slots:
+            packs.append(pack(weight, rows))
+            progress.advance()
+        packs = gather_pairs(packs)
         for (module, name, _, _), packed in zip(slots, packs, strict=True):
             setattr(module, name, packed)
         return True

@@ -48,10 +48,12 @@ def default_model_path() -> Path:
     raise FileNotFoundError(f"{_DEFAULT_FILE} not found in the {_DEFAULT_PACKAGE!r} package")
 
 
-def _build(config: ModelConfig, state: dict[str, torch.Tensor]) -> LlamaForCausalLM:
+def _build(
+    config: ModelConfig, state: dict[str, torch.Tensor], progress: LoadProgress
+) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    model.load_weights(state)
+    model.load_weights(state, progress)
     return model
 
 
@@ -108,4 +110,4 @@ def load_model(
         state = load_hf_state(path, config, dtype, device, progress)
     else:
         state = load_gguf_state(reader, config, dtype, device, progress)
-    return LoadedModel(_build(config, state), config, tokenizer, name, path.resolve())
+    return LoadedModel(_build(config, state, progress), config, tokenizer, name, path.resolve())

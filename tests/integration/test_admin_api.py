@@ -87,6 +87,8 @@ def test_bad_tenant_input_is_a_client_error(admin: Client) -> None:
     assert_error(admin.post("/admin/v1/tenants", json={"name": "x", "colour": "red"}), 400)
     assert_error(admin.post("/admin/v1/tenants", json={"name": "y", "weight": -1}), 400)
     assert_error(admin.post("/admin/v1/tenants", json={"weight": 1}), 400)
+    bad_name = assert_error(admin.post("/admin/v1/tenants", json={"name": "bad name!"}), 400)
+    assert bad_name["param"] == "name" and "lowercase letters, digits" in bad_name["message"]
     assert_error(admin.post("/admin/v1/tenants", content=b"{not json"), 400)
     bad_share = {"name": "z", "quotas": {"kv_cache_share": 1.5}}
     assert_error(admin.post("/admin/v1/tenants", json=bad_share), 400)

@@ -11,6 +11,7 @@ from alembic.script import ScriptDirectory
 
 from tenants.database import Database, script_location
 from tenants.schema_version import SchemaState, schema_state, upgrade_unless_newer
+from web.cli.output import print_json
 from web.cli.runner import EXIT_FAILED, database_flag, guarded, settings_of
 
 COMMANDS = (
@@ -47,13 +48,28 @@ def run_db(args: argparse.Namespace) -> int:
         finally:
             await db.close()
 
-    state = guarded("db", lambda: asyncio.run(work()))
+    state = guarded(f"db {args.db_command}", lambda: asyncio.run(work()))
     if isinstance(state, int):
         return state
+    if args.json:
+        print_json(state_fields(state))
+        return EXIT_FAILED if args.db_command in ("check", "upgrade") and not state.ok else 0
     if args.db_command in ("check", "upgrade"):
         return check(state)
     print(state.revision or "(empty database)")
     return 0
+
+
+def state_fields(state: SchemaState) -> dict[str, object]:
+    """What ``--json`` prints: the database's revision, this code's head, and how they stand
+    (head, newer, older, empty, too_new or unknown; ``ok``: this code runs on it)."""
+    return {
+        "revision": state.revision,
+        "head": state.head,
+        "state": state.kind,
+        "compatible_from": state.compatible_from,
+        "ok": state.ok,
+    }
 
 
 def check(state: SchemaState) -> int:
@@ -80,6 +96,9 @@ def register(subparsers: Any) -> None:
     db = subparsers.add_parser("db", help="database migrations")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     for name, help_text in COMMANDS:
-        sub = db_commands.add_parser(name, help=help_text)
+        sub = db_commands.add_parser(name, help=help_text, description=help_text)
         database_flag(sub)
+        sub.add_argument(
+            "--json", action="store_true", help="print the revision, the head and how they stand"
+        )
         sub.set_defaults(func=run_db)

@@ -8,12 +8,14 @@ import sys
 import uuid
 from typing import Any
 
+import msgspec
+
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.factory import EngineSpec, resolve_dtype_name
 from engine.launch import start_engine
 from engine.load_progress import progress_for
-from engine.outputs import GenerateRequest
+from engine.outputs import GenerateRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from web.cli.env import EXIT_USAGE, env_default, env_flag
 
@@ -26,7 +28,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--prompt", default=prompt, required=prompt is None, help="ATRIUM_PROMPT")
     add_model_flags(parser)
     parser.add_argument(
-        "--max-tokens", type=int, default=int(env_default("ATRIUM_MAX_TOKENS", "256") or 256)
+        "--max-tokens",
+        type=int,
+        default=int(env_default("ATRIUM_MAX_TOKENS", "256") or 256),
+        help="the most tokens to generate (default 256; env ATRIUM_MAX_TOKENS)",
     )
     parser.add_argument(
         "--temperature",
@@ -35,12 +40,22 @@ def register(subparsers: Any) -> None:
         help="0 is greedy (env ATRIUM_TEMPERATURE)",
     )
     seed = env_default("ATRIUM_SEED")
-    parser.add_argument("--seed", type=int, default=None if seed is None else int(seed))
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None if seed is None else int(seed),
+        help="sampling seed, for the same answer again (env ATRIUM_SEED)",
+    )
     parser.add_argument(
         "--raw",
         action="store_true",
         default=env_flag("ATRIUM_RAW"),
         help="send the prompt as is, without the chat template (env ATRIUM_RAW)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print {text, model, finish_reason, prompt_tokens, completion_tokens}",
     )
     parser.set_defaults(func=run_generate)
 
@@ -61,15 +76,18 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     try:
-        text = asyncio.run(_generate(args))
+        result = asyncio.run(_generate(args))
     except (EngineError, ValueError, FileNotFoundError) as exc:
         print(f"atrium generate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    sys.stdout.write(text + "\n")
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(result).decode("utf-8") + "\n")
+    else:
+        sys.stdout.write(result["text"] + "\n")
     return 0
 
 
-async def _generate(args: argparse.Namespace) -> str:
+async def _generate(args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
@@ -84,6 +102,7 @@ async def _generate(args: argparse.Namespace) -> str:
         progress.close()
     engine, tokenizer = running.client, running.tokenizer
     pieces: list[str] = []
+    last: RequestOutput | None = None
     try:
         if args.raw:
             prompt_ids = tokenizer.encode(args.prompt)
@@ -94,6 +113,13 @@ async def _generate(args: argparse.Namespace) -> str:
             if output.error is not None:
                 raise EngineError(output.error)
             pieces.append(output.text)
+            last = output
     finally:
         await engine.shutdown()
-    return "".join(pieces)
+    return {
+        "text": "".join(pieces),
+        "model": running.name,
+        "finish_reason": None if last is None else last.finish_reason,
+        "prompt_tokens": 0 if last is None else last.num_prompt_tokens,
+        "completion_tokens": 0 if last is None else last.num_output_tokens,
+    }

@@ -4,6 +4,7 @@ pull`` (web/cli/model_pull.py)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,19 @@ def register(subparsers: Any) -> None:
     export = commands.add_parser(
         "export", help="write config.json, safetensors and tokenizer files to DIR"
     )
-    export.add_argument("dir", type=Path)
-    export.add_argument("--model", default=env_default("ATRIUM_MODEL", "default"))
+    export.add_argument("dir", type=Path, metavar="DIR", help="the folder to write (created)")
+    export.add_argument(
+        "--model",
+        default=env_default("ATRIUM_MODEL", "default"),
+        help="'default' (SmolLM2-135M-Instruct), a model directory or a .gguf file",
+    )
     export.add_argument(
         "--dtype",
         default=env_default("ATRIUM_DTYPE", "float32"),
         choices=["bfloat16", "float16", "float32"],
+        help="the weights' dtype in DIR (default float32; env ATRIUM_DTYPE)",
     )
+    export.add_argument("--json", action="store_true", help='print {"dir": DIR}')
     export.set_defaults(func=run_export)
     add_pull_command(commands)
 
@@ -38,5 +45,5 @@ def run_export(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"atrium model export: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(str(args.dir))
+    print(json.dumps({"dir": str(args.dir)}) if args.json else str(args.dir))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,8 +26,8 @@ def add_pull_command(commands: Any) -> None:
     pull: argparse.ArgumentParser = commands.add_parser(
         "pull", help="fetch a model folder into DEST", description=SOURCES
     )
-    pull.add_argument("source")
-    pull.add_argument("dest", type=Path)
+    pull.add_argument("source", metavar="SOURCE", help="where the model comes from (see above)")
+    pull.add_argument("dest", type=Path, metavar="DEST", help="the folder to write")
     pull.add_argument(
         "--revision",
         help="hub only, required: a commit sha, tag or branch, resolved once to a commit",
@@ -37,6 +38,9 @@ def add_pull_command(commands: Any) -> None:
         help="config and tokenizer files only (what a gateway needs), no weights",
     )
     pull.add_argument("--sha256", help="archives: the digest the whole archive must have")
+    pull.add_argument(
+        "--json", action="store_true", help="print {dest, files, commit, fetched} as JSON"
+    )
     pull.set_defaults(func=run_pull)
 
 
@@ -56,6 +60,10 @@ def run_pull(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"atrium model pull: model_dest_unwritable: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    if args.json:
+        fields = {"dest": str(args.dest), "files": len(record.files), "commit": record.commit}
+        print(json.dumps({**fields, "fetched": fetched}))
+        return 0
     what = "pulled" if fetched else "already there"
     commit = f" at {record.commit}" if record.commit else ""
     print(f"{args.dest}: {len(record.files)} files {what}{commit}")

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from tenants.public_prefixes import PublicPrefixInfo
-from web.cli.output import output_flags, print_one, print_rows, wants_json
+from web.cli.output import Column, output_flags, print_one, print_rows, wants_json
 from web.cli.runner import (
     CLI_ACTOR,
     DIRECT_NOTE,
@@ -26,27 +26,28 @@ NOTE = (
     "(at once through the admin API); published prefixes are published again at every start."
 )
 PREFIX_COLUMNS = (
-    ("id", "id"),
-    ("text", "text"),
-    ("created_at", "created"),
-    ("created_by", "by"),
-    ("unpublished_at", "unpublished"),
+    Column("id", "id", whole=True),
+    Column("text", "text"),
+    Column("created_at", "created"),
+    Column("created_by", "by"),
+    Column("unpublished_at", "unpublished"),
 )
 PREVIEW_CHARS = 60
 
 
-def _preview(info: PublicPrefixInfo) -> dict[str, Any]:
-    """The row as a table shows it: the text on one short line."""
+def _preview(info: PublicPrefixInfo, chars: int | None) -> dict[str, Any]:
+    """The row as a table shows it: the text on one line, cut at ``chars`` (None: whole)."""
     row = msgspec.structs.asdict(info)
     text = " ".join(info.text.split())
-    row["text"] = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+    row["text"] = text if chars is None or len(text) <= chars else text[: chars - 1] + "…"
     return row
 
 
 def _rows(args: argparse.Namespace, found: list[PublicPrefixInfo]) -> int:
-    return print_rows(
-        args, found if wants_json(args) else [_preview(p) for p in found], PREFIX_COLUMNS
-    )
+    if wants_json(args):
+        return print_rows(args, found, PREFIX_COLUMNS)
+    chars = None if args.wide else PREVIEW_CHARS
+    return print_rows(args, [_preview(p, chars) for p in found], PREFIX_COLUMNS)
 
 
 def run_publish(args: argparse.Namespace) -> int:
@@ -100,11 +101,11 @@ def register(subparsers: Any) -> None:
     listing = commands.add_parser("list", help="published prefixes, oldest first")
     listing.add_argument("--all", action="store_true", help="unpublished ones too")
     database_flag(listing)
-    output_flags(listing)
+    output_flags(listing, wide=True)
     listing.set_defaults(func=run_list)
 
     unpublish = commands.add_parser("unpublish", help="stop publishing a prefix", description=NOTE)
-    unpublish.add_argument("prefix_id", metavar="ID")
+    unpublish.add_argument("prefix_id", metavar="ID", help="the prefix's id (pp_…)")
     database_flag(unpublish)
     output_flags(unpublish)
     unpublish.set_defaults(func=run_unpublish)

@@ -6,18 +6,18 @@ import argparse
 from typing import Any
 
 from tenants.records import PriceInfo, PriceSet
-from web.cli.output import output_flags, print_one, print_rows
+from web.cli.output import Column, output_flags, print_one, print_rows
 from web.cli.runner import CLI_ACTOR, DIRECT_NOTE, Services, database_flag, run_db
 from web.cli.values import instant
 
 PRICE_COLUMNS = (
-    ("model", "model"),
-    ("input_per_million", "input/M"),
-    ("cached_input_per_million", "cached input/M"),
-    ("output_per_million", "output/M"),
-    ("currency", "currency"),
-    ("batch_discount_percent", "batch -%"),
-    ("effective_from", "from"),
+    Column("model", "model", whole=True),
+    Column("input_per_million", "input/M"),
+    Column("cached_input_per_million", "cached input/M"),
+    Column("output_per_million", "output/M"),
+    Column("currency", "currency"),
+    Column("batch_discount_percent", "batch -%"),
+    Column("effective_from", "from"),
 )
 MICROS_NOTE = "integer micro-units of the currency per million tokens (1 USD = 1000000)"
 
@@ -53,15 +53,23 @@ def register(subparsers: Any) -> None:
     setting = commands.add_parser(
         "set", help="set a model's price from now (or --effective-from)", description=MICROS_NOTE
     )
-    setting.add_argument("model")
-    for flag in ("--input-price", "--cached-input-price", "--output-price"):
-        setting.add_argument(flag, type=int, required=True, metavar="MICROS")
-    setting.add_argument("--currency", default="USD")
+    setting.add_argument("model", metavar="MODEL", help="the served model's name")
+    for flag, tokens in (
+        ("--input-price", "prompt tokens"),
+        ("--cached-input-price", "prompt tokens read from the prefix cache"),
+        ("--output-price", "output tokens"),
+    ):
+        setting.add_argument(
+            flag, type=int, required=True, metavar="MICROS", help=f"per million {tokens}"
+        )
+    setting.add_argument("--currency", default="USD", help="ISO 4217 code (default USD)")
     setting.add_argument(
         "--batch-discount", type=int, default=0, metavar="PERCENT",
         help="Batch API lines cost this many percent less (0-100)",
     )  # fmt: skip
-    setting.add_argument("--effective-from", type=instant, metavar="TIME")
+    setting.add_argument(
+        "--effective-from", type=instant, metavar="TIME", help="ISO 8601 (default: now)"
+    )
     database_flag(setting)
     output_flags(setting)
     setting.set_defaults(func=run_set)
@@ -69,5 +77,5 @@ def register(subparsers: Any) -> None:
     listing = commands.add_parser("list", help="every price, history included")
     listing.add_argument("--model", help="only this model")
     database_flag(listing)
-    output_flags(listing)
+    output_flags(listing, wide=True)
     listing.set_defaults(func=run_list)

@@ -8,32 +8,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tenants.records import AuditRecord, BillingManifest, UsageBucket
-from web.cli.output import output_flags, print_one, print_rows
-from web.cli.runner import DIRECT_NOTE, Services, database_flag, run_db
+from tenants.records import AuditRecord, BillingManifest, ModelUsageBucket
+from web.cli.output import Column, output_flags, print_one, print_rows
+from web.cli.runner import DIRECT_NOTE, TENANT_HELP, Services, database_flag, run_db
 from web.cli.values import instant, window, window_flags
 
 USAGE_COLUMNS = (
-    ("tenant_id", "tenant"),
-    ("start", "start"),
-    ("requests", "requests"),
-    ("prompt_tokens", "prompt"),
-    ("cached_tokens", "cached"),
-    ("completion_tokens", "completion"),
+    Column("tenant_name", "tenant", whole=True),
+    Column("tenant_id", "tenant id", whole=True, wide=True),
+    Column("model", "model"),
+    Column("start", "start"),
+    Column("requests", "requests"),
+    Column("prompt_tokens", "prompt"),
+    Column("cached_tokens", "cached"),
+    Column("completion_tokens", "completion"),
 )
 AUDIT_COLUMNS = (
-    ("id", "id"),
-    ("at", "at"),
-    ("actor", "actor"),
-    ("action", "action"),
-    ("target", "target"),
+    Column("id", "id"),
+    Column("at", "at"),
+    Column("actor", "actor"),
+    Column("action", "action"),
+    Column("target", "target", whole=True),
 )
 
 
 def run_usage(args: argparse.Namespace) -> int:
-    async def work(svc: Services) -> list[UsageBucket]:
+    async def work(svc: Services) -> list[ModelUsageBucket]:
         start, end = window(args.start, args.end)
-        return await svc.reports.usage(start, end, args.granularity, tenant_id=args.tenant)
+        tenant_id = None if args.tenant is None else await svc.tenants.resolve(args.tenant)
+        return await svc.reports.usage_by_model(start, end, args.granularity, tenant_id)
 
     result = run_db("usage", args, work)
     return result if isinstance(result, int) else print_rows(args, result, USAGE_COLUMNS)
@@ -85,11 +88,13 @@ def _parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentPars
 
 def register(subparsers: Any) -> None:
     """Add `usage`, `billing` and `audit` to the `atrium` command line."""
-    usage = _parser(subparsers, "usage", "token usage per tenant by hour or day (UTC)")
-    usage.add_argument("--tenant", help="one tenant's id (default: every tenant)")
-    usage.add_argument("--granularity", choices=["hour", "day"], default="day")
+    usage = _parser(subparsers, "usage", "token usage per tenant and model by hour or day (UTC)")
+    usage.add_argument("--tenant", metavar="TENANT", help=f"{TENANT_HELP} (default: every one)")
+    usage.add_argument(
+        "--granularity", choices=["hour", "day"], default="day", help="bucket size (default day)"
+    )
     window_flags(usage)
-    output_flags(usage)
+    output_flags(usage, wide=True)
     usage.set_defaults(func=run_usage)
 
     billing = subparsers.add_parser("billing", help="billing export", description=DIRECT_NOTE)
@@ -97,7 +102,9 @@ def register(subparsers: Any) -> None:
     export = _parser(commands, "export", "one row per tenant and model over [start, end)")
     export.add_argument("--start", type=instant, required=True, help="ISO 8601, inclusive")
     export.add_argument("--end", type=instant, required=True, help="ISO 8601, exclusive")
-    export.add_argument("--format", choices=["csv", "jsonl"], default="csv")
+    export.add_argument(
+        "--format", choices=["csv", "jsonl"], default="csv", help="the rows' format (default csv)"
+    )
     export.add_argument(
         "--output", dest="output_file", type=Path, help="write here and print the manifest"
     )
@@ -107,6 +114,6 @@ def register(subparsers: Any) -> None:
     audit = _parser(subparsers, "audit", "admin changes, oldest first")
     window_flags(audit)
     audit.add_argument("--action", help="only actions starting with this (e.g. key.)")
-    audit.add_argument("--target", help="only changes of this tenant, key or model")
-    output_flags(audit)
+    audit.add_argument("--target", help="only changes of this tenant, key or model (its id)")
+    output_flags(audit, wide=True)
     audit.set_defaults(func=run_audit)

@@ -35,6 +35,7 @@ DIRECT_NOTE = (
     "Works on the database directly (--database-url or ATRIUM_DATABASE_URL), as the admin API "
     "does; no server needs to run."
 )
+TENANT_HELP = "the tenant's id (tn_…) or name"
 
 
 class CommandError(Exception):
@@ -120,10 +121,13 @@ def run_db(
     return guarded(name, lambda: asyncio.run(_with_services(settings_of(args), work)))
 
 
+DATABASE_HELP = (
+    "SQLAlchemy URL of the tenant database, e.g. sqlite+aiosqlite:///./atrium.db or "
+    "postgresql+asyncpg://user@host/db (env ATRIUM_DATABASE_URL; default: ./atrium.db)"
+)
+
+
 def database_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--database-url",
-        dest="database_url",
-        default=None,
-        help="database to work on (env ATRIUM_DATABASE_URL; default: ./atrium.db)",
+        "--database-url", dest="database_url", default=None, metavar="URL", help=DATABASE_HELP
     )

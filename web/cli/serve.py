@@ -23,6 +23,7 @@ from rich.console import Console
 from tenants.database import Database
 from tenants.schema_version import SchemaState, schema_state
 from web.app import app_for_role
+from web.cli.runner import DATABASE_HELP
 from web.ops.logging import configure_logging
 from web.ops.server_protocol import guarded_protocol
 from web.settings import Settings, SettingsError, trusted_proxies
@@ -137,7 +138,9 @@ def register(subparsers: Any) -> None:
         choices=["auto", "bfloat16", "float16", "float32"],
         help="auto (default): bfloat16 on CUDA and on CPUs with native bfloat16, else float32",
     )
-    parser.add_argument("--database-url", dest="database_url", default=None)
+    parser.add_argument(
+        "--database-url", dest="database_url", default=None, metavar="URL", help=DATABASE_HELP
+    )
     parser.add_argument(
         "--forwarded-allow-ips",
         dest="forwarded_allow_ips",
@@ -226,7 +229,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings.load(flags)
     except SettingsError as exc:
-        print(f"atrium serve: {exc}")
+        print(f"atrium serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
     problem = schema_problem(settings)

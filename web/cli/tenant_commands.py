@@ -1,4 +1,7 @@
-"""`atrium tenants create|list|show|update|suspend|resume|delete`, on the database directly."""
+"""`atrium tenants create|list|show|update|suspend|resume|delete`, on the database directly.
+
+Every command that takes a tenant takes its id or its name.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +10,30 @@ from typing import Any
 
 import msgspec
 
-from tenants.schemas import TenantCreate, TenantInfo, TenantPatch
-from web.cli.output import output_flags, print_json, print_one, print_rows
-from web.cli.runner import CLI_ACTOR, DIRECT_NOTE, Services, database_flag, run_db
+from tenants.schemas import TENANT_NAME_RULE, TenantCreate, TenantInfo, TenantPatch
+from web.cli.output import Column, json_flag, output_flags, print_json, print_one, print_rows
+from web.cli.runner import CLI_ACTOR, DIRECT_NOTE, TENANT_HELP, Services, database_flag, run_db
 from web.cli.values import count_or_none, model_list_or_all, share_or_none
 
 TENANT_COLUMNS = (
-    ("id", "id"),
-    ("name", "name"),
-    ("status", "status"),
-    ("weight", "weight"),
-    ("created_at", "created"),
-    ("quotas", "quotas"),
+    Column("id", "id", whole=True),
+    Column("name", "name", whole=True),
+    Column("status", "status"),
+    Column("weight", "weight"),
+    Column("created_at", "created"),
+    Column("quotas", "quotas"),
 )
-# flag -> quota field; each takes a number or `none` (unlimited)
+# flag -> (quota field, what it limits); each takes a number or `none` (unlimited)
 QUOTA_FLAGS = {
-    "--rpm": "requests_per_minute",
-    "--tpm": "tokens_per_minute",
-    "--max-concurrent": "max_concurrent_requests",
-    "--monthly-token-budget": "monthly_token_budget",
-    "--monthly-cost-budget": "monthly_cost_budget",  # micro-units of the prices' currency
-    "--max-prompt-tokens": "max_prompt_tokens",
+    "--rpm": ("requests_per_minute", "requests a minute"),
+    "--tpm": ("tokens_per_minute", "prompt and output tokens a minute"),
+    "--max-concurrent": ("max_concurrent_requests", "requests running at once"),
+    "--monthly-token-budget": ("monthly_token_budget", "tokens a calendar month (UTC)"),
+    "--monthly-cost-budget": (
+        "monthly_cost_budget",
+        "cost a calendar month, in micro-units of the prices' currency (25000000 is 25.00)",
+    ),
+    "--max-prompt-tokens": ("max_prompt_tokens", "tokens in one prompt"),
 }
 
 
@@ -50,7 +56,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     async def work(svc: Services) -> TenantInfo:
-        return await svc.tenants.get(args.tenant_id)
+        return await svc.tenants.get(await svc.tenants.resolve(args.tenant))
 
     result = run_db("tenants show", args, work)
     return result if isinstance(result, int) else print_one(args, result)
@@ -62,7 +68,7 @@ def _patch(args: argparse.Namespace) -> dict[str, Any]:
         patch["weight"] = args.weight
     quotas = {
         field: getattr(args, field)
-        for field in (*QUOTA_FLAGS.values(), "kv_cache_share", "models")
+        for field in (*(field for field, _ in QUOTA_FLAGS.values()), "kv_cache_share", "models")
         if getattr(args, field, msgspec.UNSET) is not msgspec.UNSET
     }
     if quotas:
@@ -80,7 +86,8 @@ def run_update(args: argparse.Namespace) -> int:
         if not patch:
             raise ValueError("nothing to change: give --weight or a quota flag")
         spec = msgspec.convert(patch, TenantPatch)
-        return await svc.tenants.update(args.tenant_id, spec, actor=CLI_ACTOR)
+        tenant_id = await svc.tenants.resolve(args.tenant)
+        return await svc.tenants.update(tenant_id, spec, actor=CLI_ACTOR)
 
     result = run_db(name, args, work)
     return result if isinstance(result, int) else print_one(args, result)
@@ -88,7 +95,7 @@ def run_update(args: argparse.Namespace) -> int:
 
 def run_delete(args: argparse.Namespace) -> int:
     async def work(svc: Services) -> TenantInfo:
-        return await svc.tenants.delete(args.tenant_id, actor=CLI_ACTOR)
+        return await svc.tenants.delete(await svc.tenants.resolve(args.tenant), actor=CLI_ACTOR)
 
     result = run_db("tenants delete", args, work)
     return result if isinstance(result, int) else print_one(args, result)
@@ -108,25 +115,37 @@ def register(subparsers: Any) -> None:
     tenants = subparsers.add_parser("tenants", help="manage tenants", description=DIRECT_NOTE)
     commands = tenants.add_subparsers(dest="tenants_command", required=True)
     create = _command(commands, "create", "create a tenant and print it as JSON", run_create)
-    create.add_argument("name")
-    create.add_argument("--weight", type=float, default=1.0)
+    create.add_argument("name", metavar="NAME", help=TENANT_NAME_RULE.removeprefix("name "))
+    create.add_argument(
+        "--weight", type=float, default=1.0, help="its share of the engine (fair share; default 1)"
+    )
+    json_flag(create)
 
     listing = _command(commands, "list", "list tenants", run_list)
     listing.add_argument("--all", action="store_true", help="include deleted tenants")
-    output_flags(listing)
+    output_flags(listing, wide=True)
     show = _command(commands, "show", "show one tenant", run_show)
-    show.add_argument("tenant_id")
+    show.add_argument("tenant", metavar="TENANT", help=TENANT_HELP)
     output_flags(show)
 
     update = _command(commands, "update", "change a tenant's weight and quotas", run_update)
-    update.add_argument("tenant_id")
-    update.add_argument("--weight", type=float)
-    for flag, field in QUOTA_FLAGS.items():
+    update.add_argument("tenant", metavar="TENANT", help=TENANT_HELP)
+    update.add_argument("--weight", type=float, help="its share of the engine (fair share)")
+    for flag, (field, limits) in QUOTA_FLAGS.items():
         update.add_argument(
-            flag, dest=field, type=count_or_none, default=msgspec.UNSET, metavar="N|none"
+            flag,
+            dest=field,
+            type=count_or_none,
+            default=msgspec.UNSET,
+            metavar="N|none",
+            help=f"the most {limits}; none: no limit",
         )
     update.add_argument(
-        "--kv-cache-share", type=share_or_none, default=msgspec.UNSET, metavar="0..1|none"
+        "--kv-cache-share",
+        type=share_or_none,
+        default=msgspec.UNSET,
+        metavar="0..1|none",
+        help="the most of the KV cache its cached prefixes may keep; none: no limit",
     )
     update.add_argument(
         "--models",
@@ -141,9 +160,9 @@ def register(subparsers: Any) -> None:
         ("resume", "active", "make a suspended tenant active again"),
     ):
         sub = _command(commands, name, text, run_update)
-        sub.add_argument("tenant_id")
+        sub.add_argument("tenant", metavar="TENANT", help=TENANT_HELP)
         sub.set_defaults(status=status)
         output_flags(sub)
     delete = _command(commands, "delete", "soft-delete a tenant and revoke its keys", run_delete)
-    delete.add_argument("tenant_id")
+    delete.add_argument("tenant", metavar="TENANT", help=TENANT_HELP)
     output_flags(delete)

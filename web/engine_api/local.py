@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.factory import EngineSpec
 from engine.kv_budget import default_memory_fraction
 from engine.launch import start_engine
+from engine.load_progress import progress_for
 from engine.stats import EngineSnapshot
 from web.engine_api.fleet import merge_snapshots
 from web.openai.generation import ModelRuntime
@@ -52,7 +53,16 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         torch_threads=settings.torch_threads,
         setup=functools.partial(configure_logging, settings.log_level),
     )
-    running = await asyncio.to_thread(start_engine, spec, in_process=not settings.engine_process)
+    in_process = not settings.engine_process
+    # A child process reports its own start-up; on a thread of this process, this one does.
+    progress = progress_for() if in_process else None
+    try:
+        running = await asyncio.to_thread(
+            start_engine, spec, in_process=in_process, progress=progress
+        )
+    finally:
+        if progress is not None:
+            progress.close()
     engine: Any = running.client
     tokenizer, name, max_model_len = running.tokenizer, running.name, running.max_model_len
     snapshot = engine.stats()

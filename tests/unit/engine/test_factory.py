@@ -4,6 +4,7 @@ on a tiny random Llama, and started in process with the same tokens as one built
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,16 +35,22 @@ PROMPTS = [list(range(1, 20)), list(range(5, 12))]
 
 
 class Stages:
-    """A LoadProgress that remembers the stages it was told."""
+    """A LoadProgress that remembers the stages it was told: name, total, unit, amount done."""
 
     def __init__(self) -> None:
-        self.names: list[str] = []
+        self.seen: list[tuple[str, float | None, str]] = []
+        self.done: list[float] = []
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.seen]
 
     def stage(self, name: str, total: float | None = None, unit: str = "steps") -> None:
-        self.names.append(name)
+        self.seen.append((name, total, unit))
+        self.done.append(0.0)
 
     def advance(self, amount: float = 1.0) -> None:
-        pass
+        self.done[-1] += amount
 
 
 @pytest.fixture
@@ -85,9 +92,24 @@ def test_built_engine_matches_one_built_by_hand(tiny_llama_dir: Path, keep_threa
     assert built.name == tiny_llama_dir.name
     assert isinstance(built.engine.cache, RadixPrefixCache)
     assert built.engine.config is CONFIG
-    assert stages.names[-1] == "warm up"
+    assert stages.names[-1] == "allocate KV cache"  # no step target: no timed warm-up
     by_hand = LLMEngine(load_model(str(tiny_llama_dir), torch.float32), CONFIG)
     assert run_greedy(built.engine, PROMPTS, 6)[0] == run_greedy(by_hand, PROMPTS, 6)[0]
+
+
+def test_every_load_stage_has_a_total_and_reaches_it(tiny_llama_dir: Path) -> None:
+    stages = Stages()
+    config = dataclasses.replace(CONFIG, target_tpot_ms="auto")
+    spec = EngineSpec(model=str(tiny_llama_dir), dtype="float32", config=config)
+    build_engine(spec, stages)
+    assert stages.names[-4:] == ["read weights", "pack weights", "allocate KV cache", "warm up"]
+    units = {name: unit for name, _, unit in stages.seen}
+    assert (units["read weights"], units["allocate KV cache"]) == ("bytes", "bytes")
+    layers, pages = 2, 32  # tiny Llama: 2 layers, 2 KV heads of 16; float32 pages of 16 tokens
+    assert stages.seen[-2][1] == pages * 2 * 16 * 2 * 16 * 4 * layers
+    assert stages.seen[-3][1] == 4 * layers + 1  # four projections a layer, and the LM head
+    for (name, total, _), done in zip(stages.seen, stages.done, strict=True):
+        assert total is not None and done == total, name
 
 
 def test_an_engine_without_prefix_cache_caches_nothing(tiny_llama_dir: Path) -> None:

@@ -1,8 +1,12 @@
-"""Start-up progress: rich bars on a terminal, throttled JSON events elsewhere."""
+"""Start-up progress: rich bars on a terminal, JSON events elsewhere (never silent for long)."""
 
 from __future__ import annotations
 
 import io
+import json
+import sys
+import threading
+import time
 
 import pytest
 from rich.console import Console
@@ -48,6 +52,45 @@ def test_progress_events_are_throttled() -> None:
         progress.close()
     assert [e["event"] for e in events] == ["load_stage_started", "load_stage_finished"]
     assert events[-1]["done"] == 1000
+
+
+def test_a_stage_that_does_not_advance_still_reports_every_interval() -> None:
+    # A weight whose packing takes seconds: the ticker repeats where the stage stands.
+    progress = LogProgress(interval_s=0.05)
+    with capture_logs() as events:
+        progress.stage("pack weights", total=3, unit="weights")
+        deadline = time.monotonic() + 30
+        while sum(e["event"] == "load_progress" for e in events) < 3:
+            assert time.monotonic() < deadline, events
+            threading.Event().wait(0.01)
+        progress.advance(3)
+        progress.close()
+        after_close = len(events)
+    ticks = [e for e in events if e["event"] == "load_progress"]
+    assert all((e["stage"], e["total"], e["unit"]) == ("pack weights", 3, "weights") for e in ticks)
+    elapsed = [e["elapsed_s"] for e in ticks]
+    assert elapsed == sorted(elapsed) and elapsed[0] >= 0.05
+    assert events[-1]["event"] == "load_stage_finished" and events[-1]["done"] == 3
+    assert not any(t.name == "atrium-load" for t in threading.enumerate())  # the ticker stopped
+    assert len(events) == after_close
+
+
+def test_log_lines_written_meanwhile_go_above_the_bars_whole() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=40, record=True)
+    progress = RichProgress(console)
+    stderr = sys.stderr
+    progress.stage("read weights", total=10 * 2**20, unit="bytes")
+    line = json.dumps({"event": "kv_cache_sized", "num_pages": 11702, "note": "x" * 60})
+    sys.stderr.write(line[:20])  # a line written in pieces is printed once it ends
+    sys.stderr.write(line[20:] + "\n")
+    progress.advance(10 * 2**20)
+    progress.close()
+    assert sys.stderr is stderr
+    lines = console.export_text().splitlines()
+    # One line, longer than the terminal: not wrapped, not cut (the export keeps what the bars
+    # drew before the cursor went back over them).
+    assert any(text.endswith(line) for text in lines), lines
+    assert any("read weights" in text and "10.0 MiB / 10.0 MiB" in text for text in lines)
 
 
 def test_terminal_bars_show_stage_amount_and_elapsed() -> None:

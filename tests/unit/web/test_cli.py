@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,23 +34,51 @@ def test_the_command_list_names_every_registered_command() -> None:
     assert list(subparsers.choices) == list(COMMANDS)
 
 
-def test_sql_commands_never_load_the_engine() -> None:
-    # `atrium tenants list` on a host without the model's libraries in memory: the command's run
-    # imports only its own module, never the engine (nor torch).
+def _without_help(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += _without_help(sub, f"{path} {name}")
+        elif not action.help:
+            missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+def test_every_argument_of_every_command_has_help() -> None:
+    assert _without_help(build_parser(), "atrium") == []
+
+
+def test_sql_commands_never_load_the_engine(tmp_path: Path) -> None:
+    # Each SQL command run for real on a fresh database: the run imports only its own command's
+    # module and the tenant domain, never the engine's model code (nor torch), so it answers in
+    # about a second.
     script = (
         "import sys\n"
         "from web.cli import main\n"
         "for argv in (['tenants', 'list', '--help'], ['--log-level', 'debug', 'keys', '--help'],"
-        " ['usage', '--help'], ['db', '--help'], ['public-prefixes', '--help']):\n"
+        " ['tenants', 'create', 'acme'], ['keys', 'create', 'acme', '--name', 'ci'],"
+        " ['keys', 'list', 'acme', '--table'], ['usage', '--tenant', 'acme', '--table'],"
+        " ['prices', 'list'], ['audit'], ['public-prefixes', 'list'], ['billing', 'export',"
+        " '--start', '2031-01-01', '--end', '2031-02-01'], ['db', 'check']):\n"
         "    try:\n"
-        "        main(argv)\n"
-        "    except SystemExit:\n"
-        "        pass\n"
-        "print(sorted(m for m in ('torch', 'engine.async_engine') if m in sys.modules))\n"
+        "        assert main(argv) == 0, argv\n"
+        "    except SystemExit as exc:\n"
+        "        assert exc.code == 0, argv\n"
+        "heavy = ('torch', 'numpy', 'transformers', 'engine.model', 'engine.llm_engine')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
+    env["ATRIUM_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}"
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
     )
+    assert result.returncode == 0, result.stderr
     assert "usage: atrium tenants list" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
@@ -68,9 +98,11 @@ def test_generate_with_a_model_directory(
     argv = ["generate", "--prompt", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5"]
     assert main([*argv, "--dtype", "float32", "--seed", "1", "--temperature", "1"]) == 0
     first = capsys.readouterr().out
-    assert main([*argv, "--dtype", "float32", "--seed", "1", "--temperature", "1"]) == 0
-    assert capsys.readouterr().out == first  # same seed, same text
-    assert first.endswith("\n")
+    assert main([*argv, "--dtype", "float32", "--seed", "1", "--temperature", "1", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["text"] + "\n" == first  # same seed, same text
+    assert answer["model"] == tiny_llama_dir.name and answer["finish_reason"] in ("stop", "length")
+    assert answer["prompt_tokens"] > 0 and 0 < answer["completion_tokens"] <= 5
 
 
 @pytest.mark.slow
