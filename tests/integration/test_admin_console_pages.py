@@ -106,7 +106,12 @@ def test_keys_page_shows_expiry_rotation_and_status(anon: Client) -> None:
         start = page.index(f'data-key-id="{key_id}"')
         return page[start : page.index("</tr>", start)]
 
+    def dialog(key_id: str) -> str:  # a key's Manage dialog, after the table
+        start = page.index(f'<dialog id="manage-{key_id}"')
+        return page[start : page.index("</dialog>", start)]
+
     assert "active" in row(kept["id"]) and "never" in row(kept["id"])
-    assert 'class="inline key-rotate"' in row(kept["id"])
-    assert "rotated: works until" in row(old["id"]) and "key-rotate" not in row(old["id"])
+    assert "Manage" in row(kept["id"]) and 'class="grid key-rotate"' in dialog(kept["id"])
+    assert "rotated: works until" in row(old["id"]) and "key-rotate" not in dialog(old["id"])
     assert "status-expired" in row(gone["id"]) and "Manage" not in row(gone["id"])
+    assert f'id="manage-{gone["id"]}"' not in page

@@ -234,7 +234,9 @@ def test_public_prefixes_publish_list_unpublish(cli: Cli, tmp_path: Path, url: s
     style = cli.json("public-prefixes", "publish", "--file", str(source))
     assert style["text"] == "Answer in French.\nKeep it short."
     assert [p["id"] for p in cli.json("public-prefixes", "list")] == [rules["id"], style["id"]]
-    table = cli("public-prefixes", "list", "--table")
+    table = cli("public-prefixes", "list", "--table")  # 80 columns: ids whole, text wraps
+    assert rules["id"] in table and style["id"] in table
+    table = cli("public-prefixes", "list", "--table", "--wide")  # each row on one line
     assert rules["id"] in table and "Answer in French. Keep it short." in table
 
     gone = cli.json("public-prefixes", "unpublish", rules["id"])

@@ -167,8 +167,19 @@ def _from_litestar(exc: HTTPException) -> ApiError:
     if status == 413:
         return ApiError(413, "Request body is too large.", code="request_too_large")
     if 400 <= status < 500:
-        # Litestar's own validation (path/query parameters, malformed bodies).
-        return ApiError(status, str(exc.detail), code="invalid_request")
+        # Litestar's own validation (path/query parameters, malformed bodies): name each field
+        # that failed and why, as msgspec said it, not only "Validation failed for POST /path".
+        problems = (
+            [e for e in exc.extra if isinstance(e, dict)] if isinstance(exc.extra, list) else []
+        )
+        said = "; ".join(
+            f"{p['key']}: {p.get('message', 'invalid')}" if p.get("key") else str(p.get("message"))
+            for p in problems
+            if p.get("key") or p.get("message")
+        )
+        message = f"{exc.detail}: {said}" if said else str(exc.detail)
+        param = next((str(p["key"]) for p in problems if p.get("key")), None)
+        return ApiError(status, message, code="invalid_request", param=param)
     return ApiError(status, str(exc.detail), code="internal")
 
 

@@ -154,3 +154,13 @@ def test_overload_has_retry_after() -> None:
 @pytest.mark.parametrize(("seconds", "header"), [(0.0, "1"), (0.2, "1"), (1.0, "1"), (1.01, "2")])
 def test_retry_after_rounds_up_to_whole_seconds(seconds: float, header: str) -> None:
     assert retry_headers(seconds)["Retry-After"] == header
+
+
+def test_a_validation_error_names_the_field_and_why() -> None:
+    exc = ValidationException(
+        "Validation failed for POST /admin/v1/tenants",
+        extra=[{"message": "Expected `int`, got `str`", "key": "requests_per_minute"}],
+    )
+    error = to_api_error(exc)
+    assert (error.status_code, error.param) == (400, "requests_per_minute")
+    assert error.message.endswith("requests_per_minute: Expected `int`, got `str`")
