@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, event, exc, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
@@ -27,6 +25,9 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from tenants.errors import InvalidInputError, MigrationError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 SQLITE_PROBE_BUSY_TIMEOUT_MS = 1_000
@@ -75,6 +76,27 @@ def script_location() -> Path:
     if not (folder / "env.py").is_file():
         raise MigrationError(f"no Alembic env.py in {folder}")
     return folder
+
+
+_RECORDED_REVISION = "SELECT version_num FROM alembic_version"
+# A migration script's ``revision = "…"`` and ``down_revision = "…" | None`` lines.
+_SCRIPT_REVISION = re.compile(r'^(down_)?revision\b[^=\n]*=\s*(?:"([^"]+)"|None)\s*$', re.M)
+
+
+def shipped_head() -> str | None:
+    """This code's newest migration revision, read from the scripts' text without importing
+    Alembic; None when the scripts do not form one line (the caller then asks Alembic)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in (script_location() / "versions").glob("*.py"):
+        found = {bool(m[1]): m[2] for m in _SCRIPT_REVISION.finditer(path.read_text("utf-8"))}
+        if not found.get(False) or True not in found:
+            return None  # a script this reading does not understand
+        revisions.add(found[False])
+        if found[True] is not None:
+            parents.add(found[True])
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 and len(revisions) == len(parents) + 1 else None
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
@@ -200,19 +222,44 @@ class Database:
         return True
 
     async def upgrade(self, revision: str = "head") -> None:
+        from alembic import command
+
         await self._run_alembic(lambda cfg: command.upgrade(cfg, revision))
 
+    async def upgrade_unless_at_head(self) -> None:
+        """``upgrade()``, unless a plain query finds the schema at this code's head already
+        (then Alembic is not even imported: a SQL-only command starts faster)."""
+        head = shipped_head()
+        if head is None or await self.recorded_revision() != head:
+            await self.upgrade()
+
     async def downgrade(self, revision: str) -> None:
+        from alembic import command
+
         await self._run_alembic(lambda cfg: command.downgrade(cfg, revision))
 
     async def current(self) -> str | None:
         """The applied revision, or None on an empty database."""
+        from alembic.runtime.migration import MigrationContext
+
         async with self.engine.connect() as conn:
             return await conn.run_sync(
                 lambda sync: MigrationContext.configure(sync).get_current_revision()
             )
 
+    async def recorded_revision(self) -> str | None:
+        """The one revision the ``alembic_version`` table records, by a plain query; None
+        when there is no such table or it does not hold exactly one row."""
+        try:
+            async with self.engine.connect() as conn:
+                rows = (await conn.execute(text(_RECORDED_REVISION))).all()
+        except exc.DBAPIError:
+            return None
+        return str(rows[0][0]) if len(rows) == 1 else None
+
     async def _run_alembic(self, action: Callable[[Config], None]) -> None:
+        from alembic.config import Config
+
         folder = script_location()
         cfg = Config()
         cfg.set_main_option("script_location", str(folder))

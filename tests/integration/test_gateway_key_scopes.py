@@ -34,6 +34,7 @@ SPECS = {
 LIMITED = {
     "metered": Quotas(requests_per_minute=2, tokens_per_minute=100),
     "budgeted": Quotas(monthly_token_budget=30),
+    "capped": Quotas(requests_per_minute=3, max_prompt_tokens=1),
 }
 RESET = re.compile(r"(\d+h)?(\d+m)?\d+(\.\d+)?s|\d+ms")  # "59.5s", "6m0s", "120ms"
 
@@ -159,6 +160,40 @@ def test_per_minute_limits_in_headers_and_refusals(gateway: tuple[TestClient[Any
     assert f"Please try again in {refused.headers['Retry-After']}s." in message
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert {"x-ratelimit-limit-tokens", "x-ratelimit-reset-tokens"} <= set(refused.headers)
+
+
+def test_a_limited_tenants_other_errors_carry_its_limits(
+    gateway: tuple[TestClient[Any], Any],
+) -> None:
+    client, call = gateway
+    # Before its first admission at this gateway, its limits (the buckets are in the database).
+    too_large = call("capped")
+    _error(too_large, 413, "prompt_too_large")
+    assert too_large.headers["x-ratelimit-limit-requests"] == "3"
+    assert "x-ratelimit-limit-tokens" not in too_large.headers  # it has no tokens limit
+    served = call("metered")
+    assert served.status_code == 200, served.text
+    # After one, where its buckets stood then, refilled since: a 400 of validation too.
+    auth = {"Authorization": f"Bearer {served.request.headers['authorization'][7:]}"}
+    invalid = client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": -1}, headers=auth
+    )
+    assert invalid.status_code == 400, invalid.text
+    assert invalid.headers["x-ratelimit-limit-requests"] == "2"
+    assert invalid.headers["x-ratelimit-remaining-requests"] == "1"
+    assert invalid.headers["x-ratelimit-limit-tokens"] == "100"
+    reset = float(invalid.headers["x-ratelimit-reset-requests"].removesuffix("s"))
+    assert 0 < reset <= 30
+    assert int(invalid.headers["x-ratelimit-remaining-tokens"]) >= int(
+        served.headers["x-ratelimit-remaining-tokens"]
+    )
+    unknown = call("metered", "/v1/chat/completions")  # a chat body without messages
+    assert unknown.status_code == 400, unknown.text
+    assert unknown.headers["x-ratelimit-limit-requests"] == "2"
+    # A tenant without per-minute limits gets none, on errors as on answers.
+    free = call("full", "/v1/chat/completions")
+    assert free.status_code == 400
+    assert not any(name.startswith("x-ratelimit-") for name in free.headers)
 
 
 def test_a_spent_budget_is_insufficient_quota(gateway: tuple[TestClient[Any], Any]) -> None:

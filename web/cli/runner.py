@@ -68,7 +68,7 @@ async def open_services(settings: Settings) -> Services:
     db = await Database.connect(settings.database_url)
     try:
         if db.dialect == "sqlite":  # the embedded default migrates itself, as `serve` does
-            await db.upgrade()
+            await db.upgrade_unless_at_head()
         # The same secret the gateway hashes keys with, or the one stored in the database.
         given = settings.server_secret.encode("utf-8") if settings.server_secret else None
         secret = await load_key_secret(db, given)

@@ -37,6 +37,9 @@ class TrustedTenancy:
     async def complete(self, ticket: Ticket, usage: UsageRecord) -> None:
         return None
 
+    def rate_headers(self, principal: Principal) -> dict[str, str]:
+        return {}  # Limits are the gateway's.
+
     async def ready(self) -> bool:
         return not self.closed
 

@@ -110,7 +110,9 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-def error_response(error: ApiError) -> Response[Any]:
+def error_response(
+    error: ApiError, extra_headers: Mapping[str, str] | None = None
+) -> Response[Any]:
     detail = ErrorDetail(
         message=error.message,
         type=error.type or "invalid_request_error",
@@ -120,7 +122,7 @@ def error_response(error: ApiError) -> Response[Any]:
     return Response(
         content=msgspec.to_builtins(ErrorBody(error=detail)),
         status_code=error.status_code,
-        headers=error.headers,
+        headers={**(extra_headers or {}), **error.headers},
         media_type="application/json",
     )
 
@@ -183,6 +185,9 @@ def _from_litestar(exc: HTTPException) -> ApiError:
     return ApiError(status, str(exc.detail), code="internal")
 
 
+# The request state's callable giving the authenticated key's ``x-ratelimit-*`` headers.
+RATE_HEADERS = "atrium_rate_headers"
+RATELIMIT = "x-ratelimit-"
 CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before its answer
 REFUSALS = (401, 403, 429, 503)  # the statuses /metrics counts as refusals
 
@@ -197,6 +202,10 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     metrics = request.app.state.get("metrics")
     if error.status_code in REFUSALS and metrics is not None:
         metrics.count_refusal(error.status_code, refusal_reason(exc, error))
+    rate_headers = request.state.get(RATE_HEADERS)
+    if callable(rate_headers) and not any(h.startswith(RATELIMIT) for h in error.headers):
+        # An authenticated tenant's error says where its per-minute limits are, as its answers do.
+        return error_response(error, rate_headers())
     return error_response(error)
 
 

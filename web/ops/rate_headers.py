@@ -3,7 +3,9 @@ tenant, what is left of it, and how long until it is whole again ("1s", "6m0s", 
 
 from __future__ import annotations
 
-from tenants.rate_limit import RateState
+import math
+
+from tenants.rate_limit import SECONDS_PER_MINUTE, RateState
 
 
 def reset_duration(seconds: float) -> str:
@@ -39,3 +41,30 @@ def ratelimit_headers(rate: RateState) -> dict[str, str]:
         if reset_s is not None:
             headers[f"x-ratelimit-reset-{unit}"] = reset_duration(reset_s)
     return headers
+
+
+def aged(rate: RateState, elapsed_s: float) -> RateState:
+    """``rate`` as it stands ``elapsed_s`` seconds later, each bucket refilled meanwhile by
+    ``limit / 60`` a second (what others drew since then is not in it)."""
+    elapsed_s = max(0.0, elapsed_s)
+
+    def bucket(
+        limit: int | None, remaining: int | None, reset_s: float | None
+    ) -> tuple[int | None, float | None]:
+        if limit is None or remaining is None or reset_s is None or limit <= 0:
+            return remaining, reset_s
+        left = max(0.0, reset_s - elapsed_s)
+        return min(limit, math.floor(limit - left * limit / SECONDS_PER_MINUTE)), left
+
+    remaining_requests, reset_requests_s = bucket(
+        rate.limit_requests, rate.remaining_requests, rate.reset_requests_s
+    )
+    remaining_tokens, reset_tokens_s = bucket(
+        rate.limit_tokens, rate.remaining_tokens, rate.reset_tokens_s
+    )
+    return rate._replace(
+        remaining_requests=remaining_requests,
+        reset_requests_s=reset_requests_s,
+        remaining_tokens=remaining_tokens,
+        reset_tokens_s=reset_tokens_s,
+    )

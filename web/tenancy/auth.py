@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import structlog
 from litestar import Request
 
 from tenants.errors import InvalidKeyError
-from web.ops.errors import ApiError
+from web.ops.errors import RATE_HEADERS, ApiError
 from web.tenancy.auth_limiter import client_address, limiter_of
 from web.tenancy.principal import Principal, Tenancy
 
@@ -39,6 +40,8 @@ async def authenticate(
             await limiter.fail(address)
         raise
     structlog.contextvars.bind_contextvars(tenant_id=principal.tenant_id)
+    # Every later error of this request carries the key's ``x-ratelimit-*`` (web.ops.errors).
+    request.state[RATE_HEADERS] = functools.partial(tenancy.rate_headers, principal)
     if scope is not None and scope not in principal.scopes:
         raise ApiError(401, f"This API key lacks the `{scope}` scope.", code="missing_scope")
     return principal

@@ -102,6 +102,11 @@ class Tenancy(Protocol):
         """Settle the reservation with the actual usage and record the usage event once."""
         ...
 
+    def rate_headers(self, principal: Principal) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers the principal's errors carry, from what is in memory
+        (no database read); empty for a tenant without per-minute limits."""
+        ...
+
     async def ready(self) -> bool:
         """Whether the backing store answers."""
         ...
@@ -182,6 +187,9 @@ class InMemoryTenancy:
         self.usage.append(usage)
         if self.recorded is not None:
             self.recorded.set()
+
+    def rate_headers(self, principal: Principal) -> dict[str, str]:
+        return {}  # Its tenants have no per-minute limits.
 
     async def ready(self) -> bool:
         return not self.closed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -29,12 +30,13 @@ from tenants.errors import InvalidKeyError, TenantSuspendedError
 from tenants.key_service import KeyService
 from tenants.lease_keeper import LeaseKeeper
 from tenants.meter import UsageMeter
+from tenants.rate_limit import RateState
 from tenants.records import UsageEvent
 from tenants.schema_version import upgrade_unless_newer
 from tenants.schemas import Admission, AuthContext, Usage
 from tenants.timeutil import month_period
 from web.ops.errors import unavailable
-from web.ops.rate_headers import ratelimit_headers
+from web.ops.rate_headers import aged, ratelimit_headers
 from web.settings import Settings
 from web.tenancy.auth_fallback import KnownKeys
 from web.tenancy.auth_limiter import STATE_KEY as AUTH_LIMITER
@@ -67,6 +69,9 @@ class SqlTenancy:
         self._admission = admission
         self._meter = meter
         self._contexts: dict[str, AuthContext] = {}
+        # Each key's last admission or refusal rate state and when (monotonic): what its other
+        # errors report in ``x-ratelimit-*`` without asking the database.
+        self._rates: dict[str, tuple[RateState, float]] = {}
         self.metrics = DegradedMetrics(
             registry or CollectorRegistry(), per_tenant=per_tenant_metrics
         )
@@ -139,20 +144,50 @@ class SqlTenancy:
                     lease_id=None if self.lease is None else self.lease.lease_id,
                 )
             except Exception as error:
+                self._note_refusal(ctx.key_id, error)
                 self._degrade_or_raise(error)
                 ambiguous = True
             else:
                 self.local.note_budget(ctx.tenant_id, admission.remaining_budget)
+                self._rates[ctx.key_id] = (admission.rate, time.monotonic())
                 return Ticket(request_id, principal, _headers(admission), admission)
-        local = self.local.admit(
-            ctx,
-            request_id,
-            prompt_tokens,
-            max_tokens,
-            outage=self.monitor.outages,
-            ambiguous=ambiguous,
-        )
+        try:
+            local = self.local.admit(
+                ctx,
+                request_id,
+                prompt_tokens,
+                max_tokens,
+                outage=self.monitor.outages,
+                ambiguous=ambiguous,
+            )
+        except Exception as error:
+            self._note_refusal(ctx.key_id, error)
+            raise
+        self._rates[ctx.key_id] = (local.rate, time.monotonic())
         return Ticket(request_id, principal, _headers(local), local)
+
+    def _note_refusal(self, key_id: str, error: Exception) -> None:
+        rate = getattr(error, "rate", None)
+        if isinstance(rate, RateState):
+            self._rates[key_id] = (rate, time.monotonic())
+
+    def rate_headers(self, principal: Principal) -> dict[str, str]:
+        """The ``x-ratelimit-*`` of the key's last admission or refusal, refilled since; before
+        the first, only its limits (the buckets' levels are in the database)."""
+        key_id = principal.key_id or ""
+        seen = self._rates.get(key_id)
+        if seen is not None:
+            rate, at = seen
+            return ratelimit_headers(aged(rate, time.monotonic() - at))
+        ctx = self._contexts.get(key_id)
+        if ctx is None:
+            return {}
+        rpm, key_rpm = ctx.quotas.requests_per_minute, ctx.key_requests_per_minute
+        if key_rpm is not None and (rpm is None or key_rpm < rpm):
+            rpm = key_rpm
+        return ratelimit_headers(
+            RateState(limit_requests=rpm, limit_tokens=ctx.quotas.tokens_per_minute)
+        )
 
     async def complete(self, ticket: Ticket, usage: UsageRecord) -> None:
         handle = ticket.handle

@@ -81,6 +81,25 @@ def test_sql_commands_never_load_the_engine(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "usage: atrium tenants list" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "[]"
+    # On a database already at head, a read-only command finds so with a plain query and never
+    # loads Alembic (the first run above, on an empty database, migrated with it).
+    script = (
+        "import sys\n"
+        "from web.cli import main\n"
+        "assert main(['tenants', 'list']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert again.returncode == 0, again.stderr
+    assert '"name":"acme"' in again.stdout
+    assert again.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_bad_values_exit_2_with_the_reason_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:

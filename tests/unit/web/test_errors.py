@@ -19,7 +19,7 @@ from tenants.errors import (
 )
 from tenants.rate_limit import RateState
 from web.ops.errors import ApiError, error_response, retry_headers, to_api_error
-from web.ops.rate_headers import ratelimit_headers, reset_duration
+from web.ops.rate_headers import aged, ratelimit_headers, reset_duration
 
 
 @pytest.mark.parametrize(
@@ -145,6 +145,26 @@ def test_unlimited_limits_send_no_header() -> None:
         "x-ratelimit-remaining-tokens",
         "x-ratelimit-reset-tokens",
     }
+
+
+def test_aged_rate_state_refills_each_bucket_at_its_limit_per_minute() -> None:
+    # 60 requests a minute: one a second; 600 tokens a minute: ten a second.
+    rate = RateState(
+        limit_requests=60,
+        remaining_requests=50,
+        reset_requests_s=10.0,
+        limit_tokens=600,
+        remaining_tokens=0,
+        reset_tokens_s=60.0,
+    )
+    later = aged(rate, 4.0)
+    assert (later.remaining_requests, later.reset_requests_s) == (54, 6.0)
+    assert (later.remaining_tokens, later.reset_tokens_s) == (40, 56.0)
+    full = aged(rate, 120.0)  # never more than the limit, never a negative reset
+    assert (full.remaining_requests, full.reset_requests_s) == (60, 0.0)
+    assert (full.remaining_tokens, full.reset_tokens_s) == (600, 0.0)
+    assert aged(rate, -1.0) == rate
+    assert aged(RateState(limit_requests=5), 3.0) == RateState(limit_requests=5)
 
 
 def test_overload_has_retry_after() -> None:
