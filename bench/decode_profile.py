@@ -213,6 +213,7 @@ def profile_batch(
     timed_s: list[float] = []
     cpu_s = 0.0
     counters: dict[str, float] = defaultdict(float)
+    timed_forward = 0.0  # the forward's time within the timed steps, which hold the parts
     for _ in range(args.steps):
         before = engine.stats.copy()
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -221,10 +222,12 @@ def profile_batch(
         cpu_s += time.process_time() - cpu0
         for part in STEP_PARTS:
             counters[part] += getattr(engine.stats, part) - getattr(before, part)
+        before = engine.stats.copy()
         with timer.installed():
             t0 = time.perf_counter()
             engine.step()
             timed_s.append(time.perf_counter() - t0)
+        timed_forward += engine.stats.forward_s - before.forward_s
     for request_id in ids:
         engine.abort(request_id)
     engine.step()
@@ -232,7 +235,10 @@ def profile_batch(
     step_share = {part.removesuffix("_s"): counters[part] / wall for part in STEP_PARTS}
     step_share["outside_counters"] = max(0.0, 1.0 - sum(step_share.values()))
     forward_share = {part: timer.seconds[part] / timed_wall for part in FORWARD_PARTS}
-    forward_share["rest_of_forward"] = max(0.0, step_share["forward"] - sum(forward_share.values()))
+    # The parts against the forward of the same timed steps: shares of two separate runs of a
+    # few steps differ by whatever else the machine did meanwhile.
+    timed_forward_share = timed_forward / timed_wall
+    forward_share["rest_of_forward"] = max(0.0, timed_forward_share - sum(forward_share.values()))
     step_ms = 1e3 * statistics.median(plain_s)
     floor = decode_floor(
         engine, batch, args.groups, args.prefix_len, args.suffix_len + args.steps + 2, peaks
@@ -247,6 +253,7 @@ def profile_batch(
         "cpu_busy_threads": cpu_s / wall,
         "step_share": step_share,
         "forward_share": forward_share,
+        "timed_forward_share": timed_forward_share,
         "scheduler_cache_postprocess_share": step_share["schedule"]
         + step_share["metadata"]
         + step_share["postprocess"]
