@@ -129,7 +129,8 @@ def test_refusals_by_reason_from_any_refusal_counter() -> None:
     later = replace(read(registry, None), at=first.at + 60)
     history.add(later)
     [point] = history.since(None)
-    assert point.refusals_per_min == {"overloaded": 6.0, "quota": 4.0}
+    # Rates over (at + 60) - at, a float difference of two epoch times: not exactly 60.
+    assert point.refusals_per_min == pytest.approx({"overloaded": 6.0, "quota": 4.0})
     assert missing(later) == ["engine", "ttft", "itl", "requests"]
     assert point.prompt_tokens_per_s is None and point.tenants == []
 
