@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from atrium_errors import AtriumError
-from tenants.rate_limit import NO_LIMITS, RateState
+from tenants.rate_limit import NO_LIMITS, RateState, RateView
 
 
 class TenantError(AtriumError):
@@ -67,7 +67,7 @@ class PromptTooLargeError(TenantError):
         self.prompt_tokens = prompt_tokens
 
 
-class QuotaExceededError(TenantError):
+class QuotaExceededError(RateView, TenantError):
     """A rate limit, the concurrency cap or a monthly budget refused the request (HTTP 429).
 
     ``reason`` names the limit (``requests_per_minute``, ``key_requests_per_minute``, …),
@@ -91,22 +91,6 @@ class QuotaExceededError(TenantError):
         self.retry_after_s = retry_after_s
         self.scope = scope
         self.rate = rate
-
-    @property
-    def limit_requests(self) -> int | None:
-        return self.rate.limit_requests
-
-    @property
-    def remaining_requests(self) -> int | None:
-        return self.rate.remaining_requests
-
-    @property
-    def limit_tokens(self) -> int | None:
-        return self.rate.limit_tokens
-
-    @property
-    def remaining_tokens(self) -> int | None:
-        return self.rate.remaining_tokens
 
 
 class BudgetExhaustedError(QuotaExceededError):

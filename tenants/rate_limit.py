@@ -77,3 +77,27 @@ def rate_state(rpm: int | None, requests: Draw, tpm: int | None, tokens: Draw) -
         remaining_tokens=None if tpm is None else tokens.remaining,
         reset_tokens_s=refill_s(tokens, tpm),
     )
+
+
+class RateView:
+    """The per-minute limits of a ``rate`` attribute as plain properties, for what carries one
+    (an admission ticket, a quota refusal)."""
+
+    __slots__ = ()
+    rate: RateState
+
+    @property
+    def limit_requests(self) -> int | None:
+        return self.rate.limit_requests
+
+    @property
+    def remaining_requests(self) -> int | None:
+        return self.rate.remaining_requests
+
+    @property
+    def limit_tokens(self) -> int | None:
+        return self.rate.limit_tokens
+
+    @property
+    def remaining_tokens(self) -> int | None:
+        return self.rate.remaining_tokens

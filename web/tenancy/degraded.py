@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import structlog
 
 from tenants.errors import DuplicateRequestError, PromptTooLargeError, QuotaExceededError
-from tenants.rate_limit import NO_LIMITS, RateState, drain, rate_state, try_draw
+from tenants.rate_limit import NO_LIMITS, RateState, RateView, drain, rate_state, try_draw
 from tenants.refusals import (
     check_reachable,
     in_seconds,
@@ -33,7 +33,7 @@ BUDGET_RETRY_S = 30.0  # a guess at an outage's length: the database decides onc
 
 
 @dataclass(frozen=True, slots=True)
-class LocalTicket:
+class LocalTicket(RateView):
     """A request admitted in-process. ``ambiguous``: the database failed during its admission,
     which may have committed, so a stray reservation is released once it is back."""
 
@@ -43,22 +43,6 @@ class LocalTicket:
     reserved_tokens: int
     ambiguous: bool = False
     rate: RateState = NO_LIMITS  # the per-minute limits after this admission
-
-    @property
-    def limit_requests(self) -> int | None:
-        return self.rate.limit_requests
-
-    @property
-    def remaining_requests(self) -> int | None:
-        return self.rate.remaining_requests
-
-    @property
-    def limit_tokens(self) -> int | None:
-        return self.rate.limit_tokens
-
-    @property
-    def remaining_tokens(self) -> int | None:
-        return self.rate.remaining_tokens
 
 
 @dataclass(slots=True)
