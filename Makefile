@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: serve test lint typecheck unit venv bench bench-compare gpu-bundle gpu-check gpu-dry-run clean
+.PHONY: serve test lint chromium typecheck unit venv bench bench-compare gpu-bundle gpu-check gpu-dry-run clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,9 +34,14 @@ typecheck: $(STAMP)
 PYTEST_WORKERS ?= 3
 XDIST := -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
+# The browser tests' Chromium (apt; about a minute on a fresh machine) installs in the
+# background while the venv is built; the browser fixture waits for it (tests/support/chromium.py).
+chromium:
+	@python3 tests/support/chromium.py > $${TMPDIR:-/tmp}/atrium-chromium.log 2>&1 &
+
 # mypy (about 80 s of one core) runs niced beside pytest, on the CPU the workers leave idle while
 # they wait on servers and sockets; its report comes after the tests, and either failing fails.
-test: lint
+test: chromium lint
 	@nice -n 10 $(VENV)/bin/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
 	$(PY) -m pytest $(XDIST); tests=$$?; \
 	wait $$mypy; types=$$?; cat $(VENV)/mypy.log; \

@@ -1,8 +1,8 @@
-"""Chromium (Debian's, installed on demand) driven by Playwright, and where screenshots go."""
+"""Chromium (Debian's, installed on demand by tests/support/chromium.py) driven by Playwright,
+and where screenshots go."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -11,22 +11,17 @@ from typing import Any
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
+from tests.support.chromium import ensure_chromium
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
 
 
 @pytest.fixture(scope="session")
 def chromium() -> Path:
-    if not CHROMIUM.exists():
-        if shutil.which("apt-get") is None:
-            pytest.fail("chromium is missing and apt-get is not available to install it")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-        if subprocess.run(install, env=env, timeout=900, check=False).returncode != 0:
-            # A fresh machine may have no package lists yet.
-            subprocess.run(["apt-get", "update"], env=env, timeout=600, check=True)
-            subprocess.run(install, env=env, timeout=900, check=True)
-    return CHROMIUM
+    try:
+        return ensure_chromium()
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        pytest.fail(f"chromium is missing and could not be installed: {exc}")
 
 
 # Module scope: Playwright's sync API keeps an event loop running on the main thread while it is
