@@ -688,7 +688,9 @@ class GenerationService:
             await asyncio.sleep(0.05)
         for request_id, job in list(self.active.items()):
             log.warning("request_aborted_on_shutdown", request_id=request_id)
-            await self._maybe_await(self._runtime_of(job).engine.abort(request_id))
+            for choice in job.choices:  # each engine request (a choice's, when n > 1)
+                if choice.finish_reason is None:
+                    await self._maybe_await(self._runtime_of(job).engine.abort(choice.request_id))
         while self.active and time.monotonic() < deadline + 5.0:
             await asyncio.sleep(0.05)
         if self._tasks:
