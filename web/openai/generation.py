@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import structlog
 from litestar.datastructures import State
@@ -59,6 +59,17 @@ class GenerationEngine(Protocol):
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> Any: ...
+
+
+@runtime_checkable
+class ChoicesEngine(Protocol):
+    """An engine that takes a prompt's choices as one request: a remote one sends them as one
+    HTTP request with ``n``, which a router places whole on one engine (its ``abort`` of any
+    of them ends them all)."""
+
+    def generate_choices(
+        self, requests: Sequence[GenerateRequest]
+    ) -> AsyncIterator[RequestOutput]: ...
 
 
 @dataclass(slots=True)
@@ -531,24 +542,25 @@ class GenerationService:
         return cuts
 
     async def _merged(self, job: Job) -> AsyncGenerator[RequestOutput, None]:
-        """One engine stream per choice, interleaved as outputs arrive (submitted in order, so
-        a prompt's first choice reaches the engine before the siblings that wait for it)."""
-        engine = self._runtime_of(job).engine
-        if len(job.choices) == 1:
-            async for out in engine.generate(self._engine_request(job, job.choices[0])):
+        """The engine's streams for ``job``'s choices, interleaved as outputs arrive (submitted
+        in order, so a prompt's first choice reaches the engine before the siblings that wait
+        for it)."""
+        streams = self._streams(job)
+        if len(streams) == 1:
+            async for out in streams[0]:
                 yield out
             return
         queue: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
 
-        async def pump(choice: Choice) -> None:
+        async def pump(stream: AsyncIterator[RequestOutput]) -> None:
             try:
-                async for out in engine.generate(self._engine_request(job, choice)):
+                async for out in stream:
                     await queue.put(out)
             except Exception as exc:  # handed to the consumer, which raises it
                 await queue.put(exc)
             await queue.put(None)
 
-        tasks = [asyncio.create_task(pump(choice)) for choice in job.choices]
+        tasks = [asyncio.create_task(pump(stream)) for stream in streams]
         try:
             for _ in range(len(tasks)):
                 while (item := await queue.get()) is not None:
@@ -559,6 +571,21 @@ class GenerationService:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _streams(self, job: Job) -> list[AsyncIterator[RequestOutput]]:
+        """One stream per choice; for an engine that takes a prompt's choices together, one
+        per prompt (its choices computed on one engine, its prompt once)."""
+        engine = self._runtime_of(job).engine
+        if not isinstance(engine, ChoicesEngine):
+            return [engine.generate(self._engine_request(job, c)) for c in job.choices]
+        streams = []
+        for group in _prompt_groups(job.choices):
+            requests = [self._engine_request(job, choice) for choice in group]
+            one = len(requests) == 1
+            streams.append(
+                engine.generate(requests[0]) if one else engine.generate_choices(requests)
+            )
+        return streams
 
     def _runtime_of(self, job: Job) -> ModelRuntime:
         return self.runtimes[0] if job.runtime is None else job.runtime
@@ -701,7 +728,8 @@ def _choices(
     request_id: str, prompts: list[tuple[list[int], SamplingParams]], n: int
 ) -> list[Choice]:
     """``n`` choices per prompt, indexed prompt-major as OpenAI numbers them; a seeded request's
-    later choices take the next seeds, so they differ from each other yet stay reproducible."""
+    later choices take the next seeds, so they differ from each other yet stay reproducible (an
+    engine sent a prompt's first choice with ``n`` makes the same choices of it again)."""
     single = len(prompts) == 1 and n == 1
     choices: list[Choice] = []
     for ids, params in prompts:
@@ -717,6 +745,15 @@ def _choices(
             choices.append(Choice(index, engine_id, ids, seeded, prefill_after=first))
             first = first or engine_id
     return choices
+
+
+def _prompt_groups(choices: list[Choice]) -> list[list[Choice]]:
+    """The choices by prompt, in order: a prompt's first choice, then the siblings waiting for
+    it (``_choices`` makes a prompt's choices its first's settings, later seeds following)."""
+    groups: dict[str, list[Choice]] = {}
+    for choice in choices:
+        groups.setdefault(choice.prefill_after or choice.request_id, []).append(choice)
+    return list(groups.values())
 
 
 async def provide_generation(state: State) -> GenerationService:
