@@ -45,6 +45,17 @@ _ROUTED: contextvars.ContextVar[ModelRuntime | None] = contextvars.ContextVar(
 )
 
 
+def model_not_found(model: str) -> ApiError:
+    """The 404 for a model this server does not serve, or one the caller may not call (as OpenAI
+    answers for a model outside a project's allow-list: its existence is not revealed)."""
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        code="model_not_found",
+        param="model",
+    )
+
+
 class TokenizerLike(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
@@ -243,25 +254,29 @@ class GenerationService:
             principal is None or principal.allows_model(model, runtime.name, *runtime.aliases)
         )
         if runtime is None or not allowed:
-            raise ApiError(
-                404,
-                f"The model `{model}` does not exist or you do not have access to it.",
-                code="model_not_found",
-                param="model",
-            )
+            raise model_not_found(model)
         _ROUTED.set(runtime)
+
+    def base_runtime(self, adapter: LoraAdapterInfo) -> ModelRuntime | None:
+        """The served model ``adapter`` rides on: its base model, or the first served model
+        when it names none; None when this server does not serve its base model."""
+        if adapter.base_model is None:
+            return self.runtimes[0]
+        return self.runtime_for(adapter.base_model)
 
     async def resolve_model(self, model: str, principal: Principal) -> LoraAdapterInfo | None:
         """Route the request to what ``model`` names: a served model (None) or a LoRA adapter
-        of this tenant (on the first model); 404 for anything else, another tenant's adapter
-        included (its existence is not revealed). The one place a ``model`` field is read."""
+        of this tenant (on its base model); 404 for anything else, another tenant's adapter
+        and one whose base model this server does not serve included (its existence is not
+        revealed). The one place a ``model`` field is read."""
         if self.runtime_for(model) is not None or self.adapters is None:
             self.check_model(model, principal)
             return None
         adapter = await self.adapters.usable(principal.tenant_id, model)
-        if adapter is None or not principal.allows_model(model):
-            self.check_model(model, principal)  # raises: this server does not serve ``model``
-        _ROUTED.set(self.runtimes[0])
+        base = None if adapter is None else self.base_runtime(adapter)
+        if base is None or not principal.allows_model(model):
+            raise model_not_found(model)
+        _ROUTED.set(base)
         return adapter
 
     def check_open(self) -> None:
