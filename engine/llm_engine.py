@@ -661,10 +661,17 @@ class LLMEngine:
     # -- introspection ---------------------------------------------------------------------------
 
     def snapshot(self) -> EngineSnapshot:
-        """Running/waiting per tenant, pages and counters; O(live requests), not per step."""
+        """Running/waiting per tenant and their adapters, pages and counters; O(live requests),
+        not per step."""
         running: dict[str, int] = {}
         for request in self.scheduler.running:
             running[request.tenant_id] = running.get(request.tenant_id, 0) + 1
+        # Ordered sets, in arrival order: one pass over the live requests, none without LoRA.
+        adapters: dict[RequestStatus, dict[str, None]] = {status: {} for status in RequestStatus}
+        if self.lora is not None:
+            for request in self._requests.values():
+                if request.lora is not None:
+                    adapters[request.status][request.lora.name] = None
         return EngineSnapshot(
             running_by_tenant=running,
             waiting_by_tenant=self.scheduler.policy.num_waiting_by_tenant(),
@@ -674,4 +681,8 @@ class LLMEngine:
             page_size=self.config.page_size,
             counters=self.stats.copy(),
             cache_by_namespace=self.cache.stats(),
+            max_loras=self.config.max_loras,
+            running_lora_adapters=tuple(adapters[RequestStatus.RUNNING]),
+            waiting_lora_adapters=tuple(adapters[RequestStatus.WAITING]),
+            taken_at=time.time(),
         )

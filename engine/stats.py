@@ -72,6 +72,12 @@ class EngineSnapshot:
     page_size: int = 0
     counters: EngineStats = field(default_factory=EngineStats)
     cache_by_namespace: dict[str, NamespaceSnapshot] = field(default_factory=dict)
+    # LoRA adapters (engine/lora/): resident slots (0: adapters off), and the adapters of the
+    # running and of the waiting requests, each once, in arrival order.
+    max_loras: int = 0
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    taken_at: float = 0.0  # when it was taken (seconds since the epoch; 0: never)
 
     @property
     def num_running(self) -> int:

@@ -28,6 +28,8 @@ class LoraAdapterInfo(msgspec.Struct, frozen=True, kw_only=True):
     tenant_id: str | None  # None: every tenant may use it
     created_at: datetime
     created_by: str
+    # The served model it rides on; None: the first served model (as before it could be named).
+    base_model: str | None = None
 
 
 def adapter_info(row: LoraAdapterRow) -> LoraAdapterInfo:
@@ -38,6 +40,7 @@ def adapter_info(row: LoraAdapterRow) -> LoraAdapterInfo:
         tenant_id=row.tenant_id,
         created_at=row.created_at,
         created_by=row.created_by,
+        base_model=row.base_model,
     )
 
 
@@ -48,6 +51,18 @@ def check_name(name: str) -> str:
             f"name must be 1 to {MAX_NAME_CHARS} letters, digits or . _ - : /", "name"
         )
     return name
+
+
+def check_base_model(base_model: str | None) -> str | None:
+    """A served model's name (1-128 characters, none of them a control character), or None."""
+    if base_model is not None and (
+        not 0 < len(base_model) <= MAX_NAME_CHARS or not base_model.isprintable()
+    ):
+        raise InvalidInputError(
+            f"base_model must be a served model's name of 1 to {MAX_NAME_CHARS} characters",
+            "base_model",
+        )
+    return base_model
 
 
 def check_path(path: str) -> str:
@@ -62,12 +77,20 @@ class LoraAdapterService:
         self._clock = clock
 
     async def register(
-        self, name: str, path: str, tenant_id: str | None, *, actor: str = "admin"
+        self,
+        name: str,
+        path: str,
+        tenant_id: str | None,
+        *,
+        base_model: str | None = None,
+        actor: str = "admin",
     ) -> LoraAdapterInfo:
-        """Store a new adapter; ConflictError when the name is taken, TenantNotFoundError for
-        an unknown (or deleted) tenant."""
+        """Store a new adapter on ``base_model`` (None: the first served model); ConflictError
+        when the name is taken, TenantNotFoundError for an unknown (or deleted) tenant. Whether
+        a server serves ``base_model`` is its own to check: another may serve it."""
         check_name(name)
         check_path(path)
+        check_base_model(base_model)
         now = self._clock()
         try:
             async with self._db.transaction() as session:
@@ -89,6 +112,7 @@ class LoraAdapterService:
                     tenant_id=tenant_id,
                     created_at=now,
                     created_by=actor,
+                    base_model=base_model,
                 )
                 session.add(row)
                 await session.flush()

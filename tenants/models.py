@@ -389,3 +389,5 @@ class LoraAdapterRow(Base):
     tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     created_by: Mapped[str] = mapped_column(String(100))
+    # The served model it rides on (migration 0013); None: the first served model.
+    base_model: Mapped[str | None] = mapped_column(String(128))

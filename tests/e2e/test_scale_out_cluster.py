@@ -229,6 +229,41 @@ def test_the_engine_view_lists_every_engine(cluster: Cluster) -> None:
     assert {"alpha", "beta"} <= named  # their cached pages, summed over the engines
 
 
+def _counters(engine: Server) -> dict[str, int]:
+    state = httpx.get(f"{engine.base_url}/atrium/v1/state",
+                      headers={"Authorization": f"Bearer {TOKEN}"}).json()  # fmt: skip
+    counters: dict[str, int] = state["counters"]
+    return counters
+
+
+def test_n_choices_land_on_one_engine_that_computes_the_prompt_once(cluster: Cluster) -> None:
+    prompt = "Three takes on one question, all from the engine the router picks. " * 2
+    before = [_counters(engine) for engine in cluster.engines]
+    answer = cluster.client("alpha", 1).completions.create(
+        model=cluster.model, prompt=prompt, n=3, max_tokens=4, temperature=1.0, seed=9,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert sorted(c.index for c in answer.choices) == [0, 1, 2]
+    assert len({c.text for c in answer.choices}) > 1  # seeds 9, 10, 11
+    num_prompt = len(cluster.tokenizer.encode(prompt))
+    assert answer.usage is not None
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (num_prompt, 12)
+    deadline = time.monotonic() + 10  # an engine's snapshot follows its answer by a moment
+    while True:
+        after = [_counters(engine) for engine in cluster.engines]
+        ended = [a["num_finished"] - b["num_finished"] for a, b in zip(after, before, strict=True)]
+        if sum(ended) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert sorted(ended) == [0, 3]  # one engine ran the three choices
+    (used,) = [n for n, count in enumerate(ended) if count == 3]
+    reused = (num_prompt - 1) // 16 * 16  # the prompt's full pages, computed once
+    cached = after[used]["num_cached_tokens"] - before[used]["num_cached_tokens"]
+    computed = after[used]["num_prefill_tokens"] - before[used]["num_prefill_tokens"]
+    assert cached == 2 * reused > 0
+    assert computed == num_prompt + 2 * (num_prompt - reused)
+
+
 def _busy_engine(cluster: Cluster) -> Server:
     for engine in cluster.engines:
         text = httpx.get(f"{engine.base_url}/metrics",

@@ -257,6 +257,38 @@ def test_public_prefixes_publish_list_unpublish(cli: Cli, tmp_path: Path, url: s
     assert "cannot read" in cli("public-prefixes", "publish", "--file", str(missing), status=2)
 
 
+def test_lora_adapters_register_list_remove(cli: Cli) -> None:
+    acme = cli.json("tenants", "create", "acme")
+    big = cli.json(
+        "lora-adapters", "register", "big-tone", "/srv/adapters/big", "--tenant", "acme",
+        "--base-model", "big",
+    )  # fmt: skip
+    assert (big["tenant_id"], big["base_model"], big["created_by"]) == (acme["id"], "big", "cli")
+    shared = cli.json("lora-adapters", "register", "style", "/srv/adapters/style")
+    assert (shared["tenant_id"], shared["base_model"]) == (None, None)
+    listed = cli.json("lora-adapters", "list")
+    assert [(a["name"], a["base_model"]) for a in listed] == [("big-tone", "big"), ("style", None)]
+    assert [a["name"] for a in cli.json("lora-adapters", "list", "--tenant", "acme")] == [
+        "big-tone",
+        "style",
+    ]
+    table = cli("lora-adapters", "list", "--table")
+    assert big["id"] in table and "big" in table
+    gone = cli.json("lora-adapters", "remove", big["id"])
+    assert gone["id"] == big["id"]
+    assert [a["name"] for a in cli.json("lora-adapters", "list")] == ["style"]
+    audit = [(a["action"], a["actor"]) for a in cli.json("audit", "--action", "lora_adapter.")]
+    assert audit == [("lora_adapter.register", "cli")] * 2 + [("lora_adapter.remove", "cli")]
+
+    taken = cli("lora-adapters", "register", "style", "/srv/adapters/other", status=2)
+    assert "already exists" in taken
+    assert "absolute" in cli("lora-adapters", "register", "x", "relative/dir", status=2)
+    assert "base_model" in cli(
+        "lora-adapters", "register", "x", "/srv/x", "--base-model", "", status=2
+    )
+    assert "no adapter" in cli("lora-adapters", "remove", big["id"], status=2)
+
+
 def test_the_installed_entry_point_prints_json_off_a_terminal(url: str) -> None:
     env = {**os.environ, "ATRIUM_DATABASE_URL": url}
     command = [sys.executable, "-m", "web.cli"]

@@ -148,7 +148,7 @@ def test_metrics_carry_the_names_the_endpoint_picker_reads(engine: tuple[TestCli
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("response_format", {"type": "json_object"}), ("suffix", "x"), ("n", 2), ("echo", True),
+    [("response_format", {"type": "json_object"}), ("suffix", "x"), ("best_of", 2), ("echo", True),
      ("priority", 3), ("stream_options", {"include_obfuscation": True})],
 )  # fmt: skip
 def test_fields_the_engine_would_not_honour_are_named(
@@ -169,6 +169,51 @@ def test_defaults_a_router_adds_are_accepted(engine: tuple[TestClient, str]) -> 
     body = {"model": model, "prompt": "hi", "max_tokens": 2, "echo": False, "n": 1,
             "stream": False, "logprobs": None, "cache_salt": "tenant-one"}  # fmt: skip
     assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+
+
+@pytest.mark.parametrize("n", [0, 17, "3"])
+def test_n_is_taken_up_to_the_tenant_apis_limit(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+    n: object,
+) -> None:
+    client, model = engine
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, "n": n}
+    answer = client.post("/v1/completions", json=body, headers=AUTH)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "n"
+    if n == 17:
+        assert "between 1 and 16" in answer.json()["error"]["message"]
+
+
+def test_a_gateway_gets_each_choice_of_n_with_its_own_counts(
+    engine: tuple[TestClient, str],  # type: ignore[type-arg]
+) -> None:
+    client, model = engine
+    sampling = {"max_tokens": 4, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+    body = {"model": model, "prompt": PROMPT, "n": 3, "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "atrium_sampling": sampling, "cache_salt": "tenant-n"}  # fmt: skip
+    answer = client.post("/v1/completions", json=body, headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    frames = [f.removeprefix("data: ") for f in answer.text.split("\n\n") if f]
+    chunks = [json.loads(f) for f in frames[:-1]]
+    counts: dict[int, dict[str, int]] = {}
+    for chunk in chunks:
+        if chunk["choices"]:
+            (choice,) = chunk["choices"]
+            assert chunk["atrium_choice_usage"]["index"] == choice["index"]
+            counts[choice["index"]] = chunk["atrium_choice_usage"]
+    assert {i: c["completion_tokens"] for i, c in counts.items()} == {0: 4, 1: 4, 2: 4}
+    # The prompt was computed once: the later choices found its full pages cached.
+    cached = [counts[i]["cached_tokens"] for i in range(3)]
+    assert cached[0] == 0 and cached[1] == cached[2] == (len(PROMPT) - 1) // 16 * 16
+    usage = chunks[-1]["usage"]
+    assert usage["prompt_tokens"] == len(PROMPT)  # counted once
+    assert usage["completion_tokens"] == 12
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    plain = {k: v for k, v in body.items() if k != "atrium_sampling"}
+    answer = client.post("/v1/completions", json=plain, headers=AUTH)
+    assert "atrium_choice_usage" not in answer.text  # only for a gateway
 
 
 def test_a_gateway_gets_logprobs_by_token_id(engine: tuple[TestClient, str]) -> None:  # type: ignore[type-arg]

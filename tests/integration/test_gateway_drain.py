@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from litestar.testing import TestClient
 
 from engine.outputs import GenerateRequest, RequestOutput
@@ -62,11 +63,12 @@ class PacedEngine:
         self.aborted.add(request_id)
 
 
-def _stream(client: Any, key: str, max_tokens: int, out: dict[str, Any]) -> None:
+def _stream(client: Any, key: str, max_tokens: int, out: dict[str, Any], n: int = 1) -> None:
     body = {
         "model": MODEL,
         "prompt": "drain me",
         "max_tokens": max_tokens,
+        "n": n,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -81,8 +83,9 @@ def _stream(client: Any, key: str, max_tokens: int, out: dict[str, Any]) -> None
     out["finished_at"] = time.monotonic()
 
 
+@pytest.mark.parametrize("n", [1, 3])  # the long request's choices: each one is aborted
 def test_sigterm_drain_finishes_short_requests_aborts_long_ones_and_meters_all(
-    tiny_llama_dir: Path, tmp_path: Path
+    tiny_llama_dir: Path, tmp_path: Path, n: int
 ) -> None:
     url = migrated_sqlite(tmp_path / "drain.db")
     (key,) = asyncio.run(
@@ -102,13 +105,16 @@ def test_sigterm_drain_finishes_short_requests_aborts_long_ones_and_meters_all(
     lengths = {"short1": 20, "short2": 40, "long": 3000}  # 0.2 s, 0.4 s, 30 s of tokens
     with TestClient(app) as client:
         threads = [
-            threading.Thread(target=_stream, args=(client, key, lengths[name], results[name]))
+            threading.Thread(
+                target=_stream,
+                args=(client, key, lengths[name], results[name], n if name == "long" else 1),
+            )
             for name in results
         ]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 20
-        while len(engine.running) < 3:
+        while len(engine.running) < 2 + n:
             assert time.monotonic() < deadline, "the requests never reached the engine"
             time.sleep(0.01)
         service = app.state.generation
@@ -140,7 +146,7 @@ def test_sigterm_drain_finishes_short_requests_aborts_long_ones_and_meters_all(
         assert short["finished_at"] - started < GRACE_S
     long = results["long"]
     assert long["status"] == 200 and long["done"]
-    assert 0 < long["usage"]["completion_tokens"] < lengths["long"]  # cut short, billed
+    assert n <= long["usage"]["completion_tokens"] < n * lengths["long"]  # cut short, billed
     books = asyncio.run(read_books(url))
     served = {r["request_id"]: r["usage"]["total_tokens"] for r in results.values()}
     assert sorted(books.request_ids) == sorted(served)  # each once, the aborted one too

@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -249,3 +250,123 @@ def test_readyz_follows_the_engines_and_engine_counters_never_go_back(
         _wait(lambda: readyz() == (200, True) and _preemptions(client) == 6)
         engine["preemptions"] = 2  # restarted: counting anew, on top of what was counted
         _wait(lambda: _preemptions(client) == 8)
+
+
+def choice_frame(
+    index: int, text: str, completion: int, finish: str | None = None, cached: int = 3
+) -> bytes:
+    """A chunk of one choice of a stream of several: its own counts in ``atrium_choice_usage``
+    (the stream's ``usage`` counts the prompt once and sums the choices)."""
+    chunk = {
+        "choices": [{"index": index, "text": text, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 99, "prompt_tokens_details": {}},
+        "atrium_choice_usage": {"index": index, "completion_tokens": completion,
+                                "cached_tokens": cached},
+    }  # fmt: skip
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def payloads(answer: httpx.Response) -> list[dict[str, Any]]:
+    events = [f.removeprefix("data: ") for f in answer.text.split("\n\n") if f]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def texts_by_choice(chunks: list[dict[str, Any]]) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    return texts
+
+
+def test_n_choices_cross_as_one_request_split_back_by_index(tiny_llama_dir: Path) -> None:
+    frames = [
+        choice_frame(0, "a", 1),
+        choice_frame(1, "x", 1, cached=16),  # its prompt pages came from choice 0
+        choice_frame(1, "y", 2, "stop", cached=16),
+        choice_frame(0, "b", 2),
+        choice_frame(0, "", 2, "length"),
+        b"data: [DONE]\n\n",
+    ]
+    handler: Handler = lambda request: httpx.Response(200, stream=CutStream(frames, clean=True))  # noqa: E731
+    with gateway(tiny_llama_dir, handler) as client:
+        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "n": 2, "seed": 4}
+        answer = client.post("/v1/completions", json=body, headers=AUTH)
+        sent = client.app.state.sent
+        records = tenancy_of(client).usage
+    assert answer.status_code == 200, answer.text
+    choices = [(c["index"], c["text"], c["finish_reason"]) for c in answer.json()["choices"]]
+    assert choices == [(0, "ab", "length"), (1, "xy", "stop")]
+    (one,) = sent  # one engine request for the prompt's two choices
+    assert one["n"] == 2
+    assert one["atrium_sampling"]["seed"] == 4  # the first choice's; the engine makes seed + 1
+    usage = answer.json()["usage"]
+    prompt = len(Tokenizer.from_dir(tiny_llama_dir).encode("hello world"))
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, 4)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 3  # the prompt once: choice 0's
+    assert [(r.status, r.prompt_tokens, r.cached_tokens, r.completion_tokens)
+            for r in records] == [("ok", prompt, 3, 4)]  # fmt: skip
+
+
+LOST_FOR_ALL = b'data: {"error": {"message": "Stream error: unexpected EOF"}}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("frames", "clean", "finishes", "billed"),
+    [
+        # Cut off while both run: each ends with an error, billed what it delivered.
+        ([choice_frame(0, "a", 1), choice_frame(1, "xy", 2), choice_frame(0, "bc", 3)],
+         False, {0: None, 1: None}, 5),
+        # The same, cleanly closed without saying how the choices ended.
+        ([choice_frame(0, "a", 1), choice_frame(1, "xy", 2), choice_frame(0, "bc", 3)],
+         True, {0: None, 1: None}, 5),
+        # Choice 0 had ended: only choice 1 is cut.
+        ([choice_frame(0, "abc", 3), choice_frame(0, "", 3, "length"), choice_frame(1, "xy", 2)],
+         False, {0: "length", 1: None}, 5),
+        # The router lost the engine: its error (naming no choice) ends every open choice.
+        ([choice_frame(0, "abc", 3), choice_frame(1, "xy", 2), LOST_FOR_ALL,
+          b"data: [DONE]\n\n"], True, {0: None, 1: None}, 5),
+        # The engine failed choice 1 alone: choice 0 goes on to its end.
+        ([choice_frame(0, "a", 1), choice_frame(1, "xy", 2),
+          b'data: {"error": {"message": "boom"}, "atrium_choice_usage": {"index": 1,'
+          b' "completion_tokens": 2, "cached_tokens": 3}}\n\n',
+          choice_frame(0, "bc", 3), choice_frame(0, "", 3, "length"), b"data: [DONE]\n\n"],
+         True, {0: "length", 1: None}, 5),
+    ],
+)  # fmt: skip
+def test_each_choice_of_a_stream_ends_on_its_own_and_is_billed_what_it_delivered(
+    tiny_llama_dir: Path,
+    frames: list[bytes],
+    clean: bool,
+    finishes: dict[int, str | None],
+    billed: int,
+) -> None:
+    handler: Handler = lambda request: httpx.Response(200, stream=CutStream(frames, clean))  # noqa: E731
+    with gateway(tiny_llama_dir, handler) as client:
+        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "n": 2,
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        answer = client.post("/v1/completions", json=body, headers=AUTH)
+        records = tenancy_of(client).usage
+    chunks = payloads(answer)
+    assert texts_by_choice(chunks) == {0: "abc", 1: "xy"}
+    ends = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"]
+            for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]}  # fmt: skip
+    assert {index: ends.get(index) for index in (0, 1)} == finishes
+    errors = [c["error"]["message"] for c in chunks if "error" in c]
+    assert errors == [LOST] * sum(reason is None for reason in finishes.values())
+    assert chunks[-1]["usage"]["completion_tokens"] == billed
+    assert [(r.status, r.completion_tokens) for r in records] == [("error", billed)]
+
+
+def test_a_stream_of_several_choices_without_their_counts_is_refused_unbilled(
+    tiny_llama_dir: Path,
+) -> None:
+    frames = [frame("a", 1), frame("b", 2, "length"), b"data: [DONE]\n\n"]  # n=1's shape
+    handler: Handler = lambda request: httpx.Response(200, stream=CutStream(frames, clean=True))  # noqa: E731
+    with gateway(tiny_llama_dir, handler) as client:
+        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "n": 2}
+        answer = client.post("/v1/completions", json=body, headers=AUTH)
+        records = tenancy_of(client).usage
+    assert answer.status_code == 503
+    assert [(r.status, r.completion_tokens) for r in records] == [("unavailable", 0)]

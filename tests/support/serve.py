@@ -1,4 +1,5 @@
-"""A real `atrium serve` subprocess for end-to-end tests: start it, wait until it is ready."""
+"""Real servers for tests: an `atrium serve` subprocess started and waited for until ready, or
+an app under uvicorn on a thread of the test's process."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import uvicorn
 
 ATRIUM = [sys.executable, "-c", "from web.cli import main; raise SystemExit(main())"]
 
@@ -24,6 +28,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serving_on_thread(app: Any) -> Iterator[str]:
+    """``app`` (its lifespan included) under uvicorn on a thread, on a free loopback port, until
+    the block ends; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
 
 
 def atrium(*args: str, env: dict[str, str]) -> dict[str, object]:

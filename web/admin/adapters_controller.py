@@ -1,5 +1,6 @@
 """Admin routes for LoRA adapters: register a PEFT folder on this server for one tenant or for
-all, list, read, remove (stored in SQL, audited). Tenants then name an adapter in ``model``."""
+all, on one of the served models, list, read, remove (stored in SQL, audited). Tenants then name
+an adapter in ``model``."""
 
 from __future__ import annotations
 
@@ -24,14 +25,29 @@ class LoraAdapterCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     name: str  # what requests put in ``model``
     path: str  # the adapter's folder on this server (adapter_config.json + safetensors)
     tenant_id: str | None = None  # None: every tenant may use it
+    base_model: str | None = None  # the served model it rides on; None: the first served model
 
 
 def _service(request: AdminRequest) -> LoraAdapterService:
     return LoraAdapterService(database(request))
 
 
+def _base_model(data: LoraAdapterCreate, served_models: Any) -> str | None:
+    """The served model's own name for ``base_model`` (an alias resolved); 400 for a model
+    this server does not serve. Unchecked where the server knows no served models."""
+    if data.base_model is None or served_models is None:
+        return data.base_model
+    runtime = served_models.runtime_for(data.base_model)
+    if runtime is None:
+        served = ", ".join(f"`{r.name}`" for r in served_models.runtimes)
+        raise ApiError(400, f"`{data.base_model[:128]}` is not a model this server serves "
+                       f"(it serves {served}).", code="invalid_request",
+                       param="base_model")  # fmt: skip
+    return str(runtime.name)
+
+
 def _check_folder(data: LoraAdapterCreate, served_models: Any, server_role: str) -> None:
-    """Refuse a folder this server cannot serve now (400), and a name the base model has (409)."""
+    """Refuse a folder this server cannot serve now (400), and a name a served model has (409)."""
     if served_models is not None and served_models.runtime_for(data.name) is not None:
         raise ApiError(409, f"`{data.name}` is a served model's name.", code="conflict",
                        param="name")  # fmt: skip
@@ -63,8 +79,11 @@ class LoraAdaptersController(Controller):
         server_role: NamedDependency[str],
     ) -> LoraAdapterInfo:
         service = _service(request)
+        base_model = _base_model(data, served_models)
         _check_folder(data, served_models, server_role)
-        return await service.register(data.name, data.path, data.tenant_id, actor=actor_of(request))
+        return await service.register(
+            data.name, data.path, data.tenant_id, base_model=base_model, actor=actor_of(request)
+        )
 
     @get("/")
     async def list_adapters(

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "db": "web.cli.db_commands",
     "keys": "web.cli.key_commands",
     "public-prefixes": "web.cli.prefix_commands",
+    "lora-adapters": "web.cli.adapter_commands",
     "prices": "web.cli.price_commands",
     "usage": "web.cli.report_commands",
     "billing": "web.cli.report_commands",

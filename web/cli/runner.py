@@ -20,6 +20,7 @@ from tenants.billing import BillingService
 from tenants.database import Database
 from tenants.errors import TenantError
 from tenants.key_service import KeyService
+from tenants.lora_adapters import LoraAdapterService
 from tenants.price_service import PriceService
 from tenants.public_prefixes import PublicPrefixService
 from tenants.server_secrets import load_key_secret
@@ -58,6 +59,7 @@ class Services:
     billing: BillingService
     audit: AuditService
     public_prefixes: PublicPrefixService
+    lora_adapters: LoraAdapterService
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -85,6 +87,7 @@ async def open_services(settings: Settings) -> Services:
         billing=BillingService(db, prices),
         audit=AuditService(db),
         public_prefixes=PublicPrefixService(db),
+        lora_adapters=LoraAdapterService(db),
     )
 
 

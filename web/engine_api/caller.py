@@ -73,8 +73,8 @@ class EngineCaller:
     def sampling(self, body: OpenAIRequest, max_tokens: int) -> SamplingParams:
         return wire.sampling_of(self.tenant) or sampling_params(body, max_tokens)
 
-    def raw_logprobs(self, body: OpenAIRequest) -> bool:
-        # A gateway reads logprobs by token id (web/engine_api/client.py).
+    def for_gateway(self, body: OpenAIRequest) -> bool:
+        # A gateway reads logprobs by token id and each choice's counts (engine_api/client.py).
         return self.tenant.atrium_sampling is not None
 
 

@@ -2,7 +2,9 @@
 
 Routers (smg, the llm-d endpoint picker) read these to place requests: queue depth, running
 requests, KV cache use (0..1; cached pages that can be evicted count as free, as in vLLM) and the
-cache's geometry. Prefix-cache queries and hits are counted in tokens, as vLLM counts them.
+cache's geometry. Prefix-cache queries and hits are counted in tokens, as vLLM counts them. With
+LoRA on, ``vllm:lora_requests_info`` names the adapters of the running and of the waiting requests
+in its labels (the ids the gateway sends in ``atrium_lora_id``), its value the snapshot's time.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
+LORA_INFO = "vllm:lora_requests_info"
+LORA_LABELS = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
 
 
 def kv_cache_usage(snapshot: EngineSnapshot) -> float:
@@ -59,3 +63,18 @@ class ModelServerCollector(Collector):
         )
         hits.add_metric(model, counters.num_cached_tokens)
         yield from (waiting, running, usage, config, queries, hits)
+        if snap.max_loras > 0:
+            yield lora_info(snap)
+
+
+def lora_info(snap: EngineSnapshot) -> GaugeMetricFamily:
+    """vLLM's LoRA gauge: the adapters in comma-separated labels, and as its value the time
+    they were seen (vLLM sets it to the current time at each update)."""
+    info = GaugeMetricFamily(LORA_INFO, "Running stats on lora requests.", labels=LORA_LABELS)
+    names = [
+        str(snap.max_loras),
+        ",".join(snap.running_lora_adapters),
+        ",".join(snap.waiting_lora_adapters),
+    ]
+    info.add_metric(names, snap.taken_at)
+    return info

@@ -10,7 +10,9 @@ prefix matching) and ``atrium_sampling`` every sampling setting; ``atrium_lora_i
 offline work (a Batch API line) whose steps yield to other prompts; ``atrium_tenant_requests``
 is the gateway's count of the tenant's requests, which the engine's fair share ranks bursts by.
 The engine honours these only from a caller holding the engine token; everything else is refused
-before the body is read.
+before the body is read. Of OpenAI's fields, ``n`` (up to the tenant API's limit) sends a prompt's
+choices as one request, placed whole on one engine that computes the prompt once; its stream to a
+gateway names each chunk's choice counts (``atrium_choice_usage``, ``web/openai/sse.py``).
 """
 
 from __future__ import annotations
@@ -55,15 +57,16 @@ TENANT_FIELDS = TenantFields.__struct_fields__
 # (routers add some of these to every body they forward).
 HONOURED_FIELDS = frozenset(
     {
-        "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
-        "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos", "stream", "stream_options",
+        "model", "prompt", "messages", "n", "max_tokens", "max_completion_tokens",
+        "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos", "stream",
+        "stream_options",
         "user", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
         "stop_token_ids", "include_stop_str_in_output", "min_tokens", "logprobs",
         "top_logprobs", *TENANT_FIELDS,
     }
 )  # fmt: skip
 DEFAULT_ONLY_FIELDS: dict[str, object] = {
-    "n": 1, "best_of": 1, "echo": False, "skip_special_tokens": True,
+    "best_of": 1, "echo": False, "skip_special_tokens": True,
     "spaces_between_special_tokens": True, "add_generation_prompt": True,
 }  # fmt: skip
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import structlog
 from litestar.datastructures import State
@@ -45,6 +45,17 @@ _ROUTED: contextvars.ContextVar[ModelRuntime | None] = contextvars.ContextVar(
 )
 
 
+def model_not_found(model: str) -> ApiError:
+    """The 404 for a model this server does not serve, or one the caller may not call (as OpenAI
+    answers for a model outside a project's allow-list: its existence is not revealed)."""
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        code="model_not_found",
+        param="model",
+    )
+
+
 class TokenizerLike(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
@@ -59,6 +70,17 @@ class GenerationEngine(Protocol):
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> Any: ...
+
+
+@runtime_checkable
+class ChoicesEngine(Protocol):
+    """An engine that takes a prompt's choices as one request: a remote one sends them as one
+    HTTP request with ``n``, which a router places whole on one engine (its ``abort`` of any
+    of them ends them all)."""
+
+    def generate_choices(
+        self, requests: Sequence[GenerateRequest]
+    ) -> AsyncIterator[RequestOutput]: ...
 
 
 @dataclass(slots=True)
@@ -232,25 +254,29 @@ class GenerationService:
             principal is None or principal.allows_model(model, runtime.name, *runtime.aliases)
         )
         if runtime is None or not allowed:
-            raise ApiError(
-                404,
-                f"The model `{model}` does not exist or you do not have access to it.",
-                code="model_not_found",
-                param="model",
-            )
+            raise model_not_found(model)
         _ROUTED.set(runtime)
+
+    def base_runtime(self, adapter: LoraAdapterInfo) -> ModelRuntime | None:
+        """The served model ``adapter`` rides on: its base model, or the first served model
+        when it names none; None when this server does not serve its base model."""
+        if adapter.base_model is None:
+            return self.runtimes[0]
+        return self.runtime_for(adapter.base_model)
 
     async def resolve_model(self, model: str, principal: Principal) -> LoraAdapterInfo | None:
         """Route the request to what ``model`` names: a served model (None) or a LoRA adapter
-        of this tenant (on the first model); 404 for anything else, another tenant's adapter
-        included (its existence is not revealed). The one place a ``model`` field is read."""
+        of this tenant (on its base model); 404 for anything else, another tenant's adapter
+        and one whose base model this server does not serve included (its existence is not
+        revealed). The one place a ``model`` field is read."""
         if self.runtime_for(model) is not None or self.adapters is None:
             self.check_model(model, principal)
             return None
         adapter = await self.adapters.usable(principal.tenant_id, model)
-        if adapter is None or not principal.allows_model(model):
-            self.check_model(model, principal)  # raises: this server does not serve ``model``
-        _ROUTED.set(self.runtimes[0])
+        base = None if adapter is None else self.base_runtime(adapter)
+        if base is None or not principal.allows_model(model):
+            raise model_not_found(model)
+        _ROUTED.set(base)
         return adapter
 
     def check_open(self) -> None:
@@ -531,24 +557,25 @@ class GenerationService:
         return cuts
 
     async def _merged(self, job: Job) -> AsyncGenerator[RequestOutput, None]:
-        """One engine stream per choice, interleaved as outputs arrive (submitted in order, so
-        a prompt's first choice reaches the engine before the siblings that wait for it)."""
-        engine = self._runtime_of(job).engine
-        if len(job.choices) == 1:
-            async for out in engine.generate(self._engine_request(job, job.choices[0])):
+        """The engine's streams for ``job``'s choices, interleaved as outputs arrive (submitted
+        in order, so a prompt's first choice reaches the engine before the siblings that wait
+        for it)."""
+        streams = self._streams(job)
+        if len(streams) == 1:
+            async for out in streams[0]:
                 yield out
             return
         queue: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
 
-        async def pump(choice: Choice) -> None:
+        async def pump(stream: AsyncIterator[RequestOutput]) -> None:
             try:
-                async for out in engine.generate(self._engine_request(job, choice)):
+                async for out in stream:
                     await queue.put(out)
             except Exception as exc:  # handed to the consumer, which raises it
                 await queue.put(exc)
             await queue.put(None)
 
-        tasks = [asyncio.create_task(pump(choice)) for choice in job.choices]
+        tasks = [asyncio.create_task(pump(stream)) for stream in streams]
         try:
             for _ in range(len(tasks)):
                 while (item := await queue.get()) is not None:
@@ -559,6 +586,21 @@ class GenerationService:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _streams(self, job: Job) -> list[AsyncIterator[RequestOutput]]:
+        """One stream per choice; for an engine that takes a prompt's choices together, one
+        per prompt (its choices computed on one engine, its prompt once)."""
+        engine = self._runtime_of(job).engine
+        if not isinstance(engine, ChoicesEngine):
+            return [engine.generate(self._engine_request(job, c)) for c in job.choices]
+        streams = []
+        for group in _prompt_groups(job.choices):
+            requests = [self._engine_request(job, choice) for choice in group]
+            one = len(requests) == 1
+            streams.append(
+                engine.generate(requests[0]) if one else engine.generate_choices(requests)
+            )
+        return streams
 
     def _runtime_of(self, job: Job) -> ModelRuntime:
         return self.runtimes[0] if job.runtime is None else job.runtime
@@ -688,7 +730,9 @@ class GenerationService:
             await asyncio.sleep(0.05)
         for request_id, job in list(self.active.items()):
             log.warning("request_aborted_on_shutdown", request_id=request_id)
-            await self._maybe_await(self._runtime_of(job).engine.abort(request_id))
+            for choice in job.choices:  # each engine request (a choice's, when n > 1)
+                if choice.finish_reason is None:
+                    await self._maybe_await(self._runtime_of(job).engine.abort(choice.request_id))
         while self.active and time.monotonic() < deadline + 5.0:
             await asyncio.sleep(0.05)
         if self._tasks:
@@ -699,7 +743,8 @@ def _choices(
     request_id: str, prompts: list[tuple[list[int], SamplingParams]], n: int
 ) -> list[Choice]:
     """``n`` choices per prompt, indexed prompt-major as OpenAI numbers them; a seeded request's
-    later choices take the next seeds, so they differ from each other yet stay reproducible."""
+    later choices take the next seeds, so they differ from each other yet stay reproducible (an
+    engine sent a prompt's first choice with ``n`` makes the same choices of it again)."""
     single = len(prompts) == 1 and n == 1
     choices: list[Choice] = []
     for ids, params in prompts:
@@ -715,6 +760,15 @@ def _choices(
             choices.append(Choice(index, engine_id, ids, seeded, prefill_after=first))
             first = first or engine_id
     return choices
+
+
+def _prompt_groups(choices: list[Choice]) -> list[list[Choice]]:
+    """The choices by prompt, in order: a prompt's first choice, then the siblings waiting for
+    it (``_choices`` makes a prompt's choices its first's settings, later seeds following)."""
+    groups: dict[str, list[Choice]] = {}
+    for choice in choices:
+        groups.setdefault(choice.prefill_after or choice.request_id, []).append(choice)
+    return list(groups.values())
 
 
 async def provide_generation(state: State) -> GenerationService:

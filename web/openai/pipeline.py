@@ -72,8 +72,9 @@ class Caller(Protocol):
 
     def sampling(self, body: OpenAIRequest, max_tokens: int) -> SamplingParams: ...
 
-    def raw_logprobs(self, body: OpenAIRequest) -> bool:
-        """Whether streamed chunks also carry logprobs by token id (for a gateway)."""
+    def for_gateway(self, body: OpenAIRequest) -> bool:
+        """Whether the answer goes to a gateway: streamed completion chunks also carry each
+        choice's own counts and logprobs by token id."""
         ...
 
 
@@ -101,7 +102,7 @@ class KeyCaller:
     def sampling(self, body: OpenAIRequest, max_tokens: int) -> SamplingParams:
         return sampling_params(body, max_tokens)
 
-    def raw_logprobs(self, body: OpenAIRequest) -> bool:
+    def for_gateway(self, body: OpenAIRequest) -> bool:
         return False
 
 
@@ -113,7 +114,7 @@ class Admitted:
     body: OpenAIRequest
     plan: ToolPlan | None = None  # the chat request's tools
     echo: dict[int, str] | None = None  # each choice's prompt text, for ``echo``
-    raw_logprobs: bool = False
+    for_gateway: bool = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -191,7 +192,7 @@ class GenerationPipeline:
         echo = None
         if isinstance(body, CompletionRequest) and body.echo:
             echo = await echo_texts(service, job)
-        return Admitted(job, body, plan, echo, caller.raw_logprobs(body))
+        return Admitted(job, body, plan, echo, caller.for_gateway(body))
 
     async def respond(
         self, admitted: Admitted, connection: Request[Any, Any, Any] | None = None
@@ -228,7 +229,7 @@ class GenerationPipeline:
         return sse.completion_events(service, job, model=body.model, first=first, rest=rest,
                                      include_usage=with_usage, continuous_usage=continuous,
                                      echo=admitted.echo,
-                                     raw_logprobs=admitted.raw_logprobs)  # fmt: skip
+                                     for_gateway=admitted.for_gateway)  # fmt: skip
 
     async def _collected(
         self, admitted: Admitted, first: RequestOutput, rest: AsyncIterator[RequestOutput]

@@ -19,18 +19,16 @@ async def list_models(
     request: Request[Any, Any, Any], generation: NamedDependency[GenerationService]
 ) -> schemas.ModelList:
     principal = await authenticate(request, generation.tenancy)
-    runtime = generation.runtimes[0]  # adapters apply to the first served model
     cards = [
         schemas.ModelCard(id=r.name, created=0) for r in generation.visible_runtimes(principal)
     ]
     adapters = generation.adapters
     if adapters is not None:  # the tenant's own adapters and those shared with every tenant
         for adapter in await adapters.list_adapters(principal.tenant_id):
-            if principal.allows_model(adapter.name):
+            base = generation.base_runtime(adapter)  # None: its base model is served elsewhere
+            if base is not None and principal.allows_model(adapter.name):
                 created = int(adapter.created_at.timestamp())
-                cards.append(
-                    schemas.ModelCard(id=adapter.name, created=created, parent=runtime.name)
-                )
+                cards.append(schemas.ModelCard(id=adapter.name, created=created, parent=base.name))
     return schemas.ModelList(cards)
 
 

@@ -36,9 +36,20 @@ def usage_of(job: Job) -> Usage:
     return Usage.of(job.prompt_tokens, job.cached_tokens, job.completion_tokens)
 
 
-def error_frame(message: str) -> bytes:
+def error_frame(message: str, extra: Mapping[str, object] | None = None) -> bytes:
     detail = {"message": message, "type": ERROR_TYPES[500], "param": None, "code": "engine_error"}
-    return frame({"error": detail})
+    return frame({"error": detail, **(extra or {})})
+
+
+def choice_usage(job: Job, index: int) -> dict[str, int]:
+    """Choice ``index``'s own counts so far, as a gateway reads them (``atrium_choice_usage``):
+    a stream of ``n`` choices has one ``usage``, which counts the prompt once."""
+    choice = job.choices[index]
+    return {
+        "index": index,
+        "completion_tokens": choice.completion_tokens,
+        "cached_tokens": choice.cached_tokens,
+    }
 
 
 async def _outputs(
@@ -118,13 +129,15 @@ async def completion_events(
     include_usage: bool,
     continuous_usage: bool = False,
     echo: Mapping[int, str] | None = None,
-    raw_logprobs: bool = False,
+    for_gateway: bool = False,
 ) -> AsyncIterator[bytes]:
     """Chunks of ``text_completion``: text deltas (after the prompt's text, by choice index,
     with ``echo``; with their tokens' logprobs when asked), then an empty one with each
     choice's finish reason (with ``continuous_usage``, each with the usage so far). With
-    ``raw_logprobs`` (an engine answering its gateway), a chunk with logprobs also carries them
-    by token id as ``atrium_logprobs``: ``[[token_id, logprob, [[id, logprob], ...]], ...]``."""
+    ``for_gateway`` (an engine answering its gateway), every chunk of a choice, its error
+    included, also carries that choice's counts as ``atrium_choice_usage`` (``{index,
+    completion_tokens, cached_tokens}``), and a chunk with logprobs carries them by token id as
+    ``atrium_logprobs``: ``[[token_id, logprob, [[id, logprob], ...]], ...]``."""
     names = TokenNames(service.runtime.tokenizer)
     offsets = {choice.index: 0 for choice in job.choices}  # characters sent per choice
 
@@ -139,9 +152,12 @@ async def completion_events(
         choice = TextChoice(index, text, finish_reason, logprobs)
         usage = usage_of(job) if continuous_usage else None
         payload = TextCompletion(job.request_id, job.created, model, [choice], usage)
-        if raw is None:
+        if not for_gateway:
             return frame(payload)
-        return frame({**msgspec.to_builtins(payload), "atrium_logprobs": raw})
+        extra: dict[str, object] = {"atrium_choice_usage": choice_usage(job, index)}
+        if raw is not None:
+            extra["atrium_logprobs"] = raw
+        return frame({**msgspec.to_builtins(payload), **extra})
 
     for index, text in (echo or {}).items():
         yield chunk(index, text)
@@ -151,11 +167,12 @@ async def completion_events(
         if out.logprobs:
             logprobs = completion_logprobs(names, out.logprobs, offsets[index])
         if out.text or logprobs is not None:
-            raw = out.logprobs if raw_logprobs and out.logprobs else None
+            raw = out.logprobs if for_gateway and out.logprobs else None
             yield chunk(index, out.text, logprobs=logprobs, raw=raw)
         if out.finished:
             if out.finish_reason == "error":
-                yield error_frame(out.error or "generation failed")
+                extra = {"atrium_choice_usage": choice_usage(job, index)} if for_gateway else None
+                yield error_frame(out.error or "generation failed", extra)
             else:
                 yield chunk(index, "", out.finish_reason)
     if include_usage:

@@ -58,3 +58,26 @@ def test_a_tenant_uses_its_own_and_shared_adapters_only(
             assert actions.count("lora_adapter.remove") == 1
 
     asyncio.run(body())
+
+
+def test_an_adapter_names_its_base_model(open_domain: OpenDomain, clock: FakeClock) -> None:
+    async def body() -> None:
+        async with open_domain() as domain:
+            service: LoraAdapterService = domain.lora_adapters
+            acme = await domain.tenants.create(TenantCreate(name="acme"))
+            big = await service.register("big-tone", "/srv/b", acme.id, base_model="org/big-7b")
+            first = await service.register("plain", "/srv/p", None)
+            assert (big.base_model, first.base_model) == ("org/big-7b", None)
+            assert await service.usable(acme.id, "big-tone") == big
+            assert [a.base_model for a in await service.list_adapters()] == ["org/big-7b", None]
+            for bad in ("", "x" * 129, "big\x00", "line\nbreak"):
+                with pytest.raises(InvalidInputError) as refused:
+                    await service.register("x", "/srv/x", None, base_model=bad)
+                assert refused.value.param == "base_model"
+            window = (clock() - timedelta(hours=1), clock() + timedelta(hours=1))
+            (entry, _) = [
+                e for e in await domain.audit.entries(*window) if e.action.startswith("lora")
+            ]
+            assert entry.after is not None and entry.after["base_model"] == "org/big-7b"
+
+    asyncio.run(body())

@@ -1,4 +1,5 @@
-"""Migrations: upgrade from empty, downgrade to nothing, and the append-only triggers."""
+"""Migrations: upgrade from empty, downgrade to nothing, the append-only triggers, and the
+adapters' base model (0013) over rows the previous release wrote."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from migrations import alembic_config
 from tenants import Database
 from tenants.database import shipped_head
+from tenants.lora_adapters import LoraAdapterService
 
 TABLES = {
     "tenants",
@@ -99,3 +101,57 @@ def test_audit_rows_and_usage_events_refuse_update_and_delete(db_url: str) -> No
             await db.close()
 
     asyncio.run(body())
+
+
+async def _adapter_columns(db: Database) -> set[str]:
+    async with db.engine.connect() as conn:
+        columns = await conn.run_sync(lambda sync: inspect(sync).get_columns("lora_adapters"))
+    return {column["name"] for column in columns}
+
+
+async def _base_models(db: Database) -> dict[str, str | None]:
+    async with db.engine.connect() as conn:
+        rows = await conn.execute(text("SELECT name, base_model FROM lora_adapters"))
+        return {name: base for name, base in rows}
+
+
+async def _adapter_base_model_round_trip(url: str) -> None:
+    db = await Database.connect(url)
+    try:
+        await db.upgrade("0012")
+        async with db.engine.begin() as conn:  # a row as the previous release writes it
+            await conn.execute(
+                text(
+                    "INSERT INTO lora_adapters (id, name, path, tenant_id, created_at, created_by) "
+                    "VALUES ('la_old', 'old-tone', '/srv/old', NULL, '2031-01-01 00:00:00', 'a')"
+                )
+            )
+        await db.upgrade("0013")
+        assert "base_model" in await _adapter_columns(db)
+        service = LoraAdapterService(db)
+        (old,) = await service.list_adapters()
+        assert (old.name, old.base_model) == ("old-tone", None)  # the first served model
+        await service.register("big-tone", "/srv/big", None, base_model="big")
+        assert await _base_models(db) == {"old-tone": None, "big-tone": "big"}
+        # The previous release registers on the new schema: its rows name no base model.
+        async with db.engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO lora_adapters (id, name, path, tenant_id, created_at, created_by) "
+                    "VALUES ('la_prev', 'prev-tone', '/srv/p', NULL, '2031-01-02 00:00:00', 'a')"
+                )
+            )
+        assert (await _base_models(db))["prev-tone"] is None
+        await db.downgrade("0012")
+        assert "base_model" not in await _adapter_columns(db)
+        async with db.engine.connect() as conn:
+            names = {row[0] for row in await conn.execute(text("SELECT name FROM lora_adapters"))}
+        assert names == {"old-tone", "big-tone", "prev-tone"}  # rows survive the downgrade
+        await db.upgrade()
+        assert await _base_models(db) == {"old-tone": None, "big-tone": None, "prev-tone": None}
+    finally:
+        await db.close()
+
+
+def test_adapter_base_model_column_upgrades_and_downgrades(empty_db_url: str) -> None:
+    asyncio.run(_adapter_base_model_round_trip(empty_db_url))
