@@ -43,7 +43,7 @@ chromium:
 # they wait on servers and sockets; its report comes after the tests, and either failing fails.
 test: chromium lint
 	@nice -n 10 $(VENV)/bin/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
-	$(PY) -m pytest $(XDIST); tests=$$?; \
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest $(XDIST); tests=$$?; \
 	wait $$mypy; types=$$?; cat $(VENV)/mypy.log; \
 	test $$tests = 0 && test $$types = 0
 

@@ -6,6 +6,7 @@ FlashInfer but none of the loaders' packages (gguf, transformers), and this file
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,12 @@ import pytest
 
 if TYPE_CHECKING:
     from engine.model.loader import LoadedModel
+
+# The suite runs more workers than cores, each with its servers and their engines: OpenMP threads
+# that spin while they wait for work (libgomp's default) then burn the cores the others need.
+# Three slow modules side by side beside mypy on 2 cores took 382 s wall and 741 s CPU spinning,
+# 52 s and 88 s passive. Set before torch loads here; the servers tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(autouse=True)

@@ -63,8 +63,10 @@ def test_two_gateways_never_claim_the_same_line(open_domain: OpenDomain, clock: 
             first, second = await asyncio.gather(_drain(store, a), _drain(store, b))
             lines = [c.line for c in first] + [c.line for c in second]
             assert sorted(lines) == list(range(LINES))  # each line once, none left out
-            assert first and all(c.lease_id == a for c in first)
-            info = await store.get(first[0].tenant_id, batch_id)
+            # Each claim is its claimer's (which one wins a race for the first lines is up to
+            # the database's scheduling: one gateway may take them all).
+            assert all(c.lease_id == a for c in first) and all(c.lease_id == b for c in second)
+            info = await store.get((first or second)[0].tenant_id, batch_id)
             assert info.request_counts.total == LINES
 
     asyncio.run(scenario())
