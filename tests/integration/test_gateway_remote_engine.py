@@ -370,3 +370,30 @@ def test_a_stream_of_several_choices_without_their_counts_is_refused_unbilled(
         records = tenancy_of(client).usage
     assert answer.status_code == 503
     assert [(r.status, r.completion_tokens) for r in records] == [("unavailable", 0)]
+
+
+def test_an_engine_that_takes_no_n_gets_each_choice_alone(tiny_llama_dir: Path) -> None:
+    """During a rolling upgrade an engine of the previous release refuses ``n``: the gateway
+    then sends the choices one request each, as that release did, and answers as ever."""
+    message = "`n` is not supported by the engine API."
+    refused = {"error": {"message": message, "param": "n", "code": "unsupported_parameter"}}
+
+    def old_engine(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body.get("n", 1) != 1:
+            return httpx.Response(400, json=refused)
+        word = "a" if body["atrium_sampling"]["seed"] == 4 else "x"
+        frames = [frame(word, 1), frame(word, 2, "length"), b"data: [DONE]\n\n"]
+        return httpx.Response(200, stream=CutStream(frames, clean=True))
+
+    with gateway(tiny_llama_dir, old_engine) as client:
+        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "n": 2, "seed": 4}
+        answer = client.post("/v1/completions", json=body, headers=AUTH)
+        sent = client.app.state.sent
+        records = tenancy_of(client).usage
+    assert answer.status_code == 200, answer.text
+    choices = [(c["index"], c["text"], c["finish_reason"]) for c in answer.json()["choices"]]
+    assert choices == [(0, "aa", "length"), (1, "xx", "length")]
+    assert [one.get("n", 1) for one in sent] == [2, 1, 1]
+    assert [one["atrium_sampling"]["seed"] for one in sent[1:]] == [4, 5]
+    assert [(r.status, r.completion_tokens) for r in records] == [("ok", 4)]

@@ -321,13 +321,25 @@ class HttpEngineClient(EngineClient):
         """A prompt's choices as one engine request with ``n``: ``requests[0]`` and its
         siblings (``prefill_after`` it), which the engine makes again from it and ``n``. Their
         outputs come interleaved, each under its own request id with its own counts; stopping
-        early (or cancelling the consumer) aborts those not finished."""
+        early (or cancelling the consumer) aborts those not finished. An engine that refuses
+        ``n`` before any output gets the choices one request each."""
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._submit_choices(list(requests), outputs.put_nowait)
         unfinished = {request.request_id for request in requests}
+        grouped = True
         try:
             while unfinished:
                 item = await outputs.get()
+                if grouped and isinstance(item, InvalidRequestError) and item.param == "n":
+                    # An engine of the previous release takes no ``n`` (during a rolling
+                    # upgrade): each choice goes alone, as that release's gateways sent them.
+                    log.info("engine_takes_no_n", url=self.url, n=len(requests))
+                    grouped = False
+                    for request in requests:
+                        self._tasks.pop(request.request_id, None)
+                        self._submit_choices([request], outputs.put_nowait)
+                    continue
+                grouped = grouped and not isinstance(item, RequestOutput)
                 if isinstance(item, BaseException):
                     unfinished.clear()
                     raise item
@@ -361,7 +373,8 @@ class HttpEngineClient(EngineClient):
 
         def forget(_: object) -> None:
             for request_id in request_ids:
-                self._tasks.pop(request_id, None)
+                if self._tasks.get(request_id) is task:  # not a later request of the same id
+                    del self._tasks[request_id]
 
         task.add_done_callback(forget)
 
