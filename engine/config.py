@@ -46,6 +46,8 @@ class EngineConfig:
     speculative_ngram: int = 3
     speculative_max_batch: int | None = None
     target_tpot_ms: float | Literal["auto"] | None = None
+    # Past this wait for a first token, the step-time target stretches (None: never).
+    target_ttft_ms: float | None = None
     dtype: str = "bfloat16"
     device: str = "cpu"
     max_loras: int = 0
@@ -81,6 +83,9 @@ class EngineConfig:
         target = self.target_tpot_ms
         if target is not None and target != "auto" and not 0 < target < float("inf"):
             raise ValueError('target_tpot_ms must be a positive number of milliseconds or "auto"')
+        ttft = self.target_ttft_ms
+        if ttft is not None and not 0 < ttft < float("inf"):
+            raise ValueError("target_ttft_ms must be a positive number of milliseconds")
         if not 0 <= self.max_loras <= 256:
             raise ValueError("max_loras must be between 0 and 256")
         if not 1 <= self.max_lora_rank <= 512:

@@ -144,6 +144,8 @@ class LLMEngine:
             self.runner.lora = self.lora
             self.scheduler.lora_slots = self.lora.slots
         self.scheduler.target = self._step_target(config, progress)
+        ttft = config.target_ttft_ms
+        self.scheduler.ttft_target_s = None if ttft is None else ttft / 1000
         self.sampler = Sampler()
         self.structured: StructuredOutput | None = None  # built by the first constrained request
         self.stats = EngineStats()

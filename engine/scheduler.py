@@ -8,7 +8,8 @@ short and the next prompt of a tenant behind them waits for one short step. With
 target (``engine/step_target.py``) the target bounds instead how many requests run and how much
 prefill goes beside their decodes, and the decodes of tenants served far more than one whose
 prompt waits sit out a step so that the prompt fits in it (the policy's ``decode_lead``); a
-tenant far ahead (``yield_lead``) sits out such a step with all its work.
+tenant far ahead (``yield_lead``) sits out such a step with all its work. With a first-token target
+(``ttft_target_s``), the oldest wait for a first token past it stretches the step-time target.
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
@@ -17,7 +18,9 @@ that cannot get a page preempts the most recently admitted running request.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -59,6 +62,11 @@ class SchedulerOutput:
         return not self.seqs
 
 
+# The most a first token overdue stretches the step-time target (then slots and the token
+# budget bound the step).
+MAX_STRETCH = 64.0
+
+
 class Scheduler:
     """Owns the running set; the admission policy owns the waiting queue."""
 
@@ -71,6 +79,8 @@ class Scheduler:
         drafter: Drafter | None = None,
         max_draft_batch: int | None = None,
         target: StepTarget | None = None,
+        ttft_target_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_num_seqs > max_num_batched_tokens:
             raise ValueError("max_num_seqs must not exceed max_num_batched_tokens")
@@ -82,6 +92,10 @@ class Scheduler:
         self.drafter = drafter
         self.max_draft_batch = max_draft_batch  # steps with more decodes run no drafts
         self.target = target  # the step-time bound on running requests and prefill, if any
+        # The first-token target: a first token overdue stretches the step-time target.
+        self.ttft_target_s = ttft_target_s
+        self.clock = clock
+        self._awaiting_first: deque[tuple[float, Request]] = deque()  # in arrival order
         self.running: list[Request] = []  # in order of admission
         self.slots: dict[str, int] = {}  # running requests per tenant
         policy.bind_running(self.slots, max_num_seqs)
@@ -114,6 +128,22 @@ class Scheduler:
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
         self.policy.add(request)
+        if self.target is not None and self.ttft_target_s is not None:
+            self._awaiting_first.append((self.clock(), request))
+
+    def _stretch(self) -> float:
+        """How far the step-time target stretches this step: by the square of the oldest
+        first-token wait over the first-token target, once it is past it (amortized O(1):
+        requests leave the front once they have a token or are gone)."""
+        pending = self._awaiting_first
+        while pending and (
+            pending[0][1].output_token_ids or pending[0][1].status is RequestStatus.FINISHED
+        ):
+            pending.popleft()
+        if not pending or self.ttft_target_s is None:
+            return 1.0
+        overdue = (self.clock() - pending[0][0]) / self.ttft_target_s
+        return min(max(1.0, overdue * overdue), MAX_STRETCH)
 
     # -- schedule -------------------------------------------------------------------------
 
@@ -121,6 +151,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
+        if self.target is not None:
+            self.target.stretch = self._stretch()
         self._slot_limit = self.slot_limit
         self.policy.begin_step()
         self._free_slot_for_fairness(out)

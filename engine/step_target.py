@@ -70,6 +70,9 @@ class StepTarget:
     costs: StepCosts
     min_prefill_tokens: int = 16  # a step always moves prefill on by this much
     scale: float = 1.0
+    # How far a first token overdue stretches the target this step (the scheduler sets it from
+    # the oldest wait for a first token; 1: nobody is overdue).
+    stretch: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.target_s > 0 or not math.isfinite(self.target_s):
@@ -88,13 +91,13 @@ class StepTarget:
         """The most decodes one step holds within the target with room left for prefill (at
         least one)."""
         costs = self.costs
-        room = (self.target_s - costs.fixed_s) * (1 - PREFILL_SHARE)
+        room = (self.target_s * self.stretch - costs.fixed_s) * (1 - PREFILL_SHARE)
         return max(1, int(room / (self.scale * costs.per_decode_s)))
 
     def prefill_budget(self, num_decodes: int) -> int:
         """Prefill (and draft) tokens that fit beside ``num_decodes`` decodes; at least
         ``min_prefill_tokens``, so that waiting work always moves on."""
-        room = self.target_s - self.predict_s(num_decodes, 0)
+        room = self.target_s * self.stretch - self.predict_s(num_decodes, 0)
         if room <= 0:
             return self.min_prefill_tokens
         per_token = self.scale * self.costs.per_prefill_token_s

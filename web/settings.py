@@ -86,6 +86,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # The longest a step may take, so each running request's time per output token: "auto"
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
+    # Past this wait for a first token, the step-time target stretches (by the square of the
+    # wait over it): a number of milliseconds, or "off" (the default: it costs weights).
+    target_ttft_ms: str = "off"
     # Default max_tokens when a request names none: the remaining context, capped at this.
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20
@@ -187,6 +190,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise SettingsError("max_num_batched_tokens must be positive")
         self.engine_target_tpot_ms  # noqa: B018 (validates)
+        self.engine_target_ttft_ms  # noqa: B018 (validates)
         if self.auth_failures_per_minute < 0:
             raise SettingsError("auth_failures_per_minute must not be negative")
         if not 0 < self.batch_weight_fraction <= 1:
@@ -306,6 +310,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             number = math.nan
         if not 0 < number < math.inf:
             raise SettingsError('target_tpot_ms must be "auto", "off" or a positive number')
+        return number
+
+    @property
+    def engine_target_ttft_ms(self) -> float | None:
+        """``target_ttft_ms`` as the engine takes it (None: off)."""
+        value = self.target_ttft_ms.strip().lower()
+        if value == "off":
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not 0 < number < math.inf:
+            raise SettingsError('target_ttft_ms must be "off" or a positive number')
         return number
 
     @property

@@ -187,6 +187,13 @@ def register(subparsers: Any) -> None:
         help="the longest a step may take (time per output token): auto (default), off or ms",
     )
     parser.add_argument(
+        "--target-ttft-ms",
+        dest="target_ttft_ms",
+        default=None,
+        help="past this wait for a first token the step-time target stretches: ms, or off "
+        "(default)",
+    )
+    parser.add_argument(
         "--kv-cache-bytes",
         dest="kv_cache_bytes",
         type=int,

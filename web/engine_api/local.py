@@ -40,6 +40,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         speculative_tokens=settings.speculative_tokens,
         speculative_max_batch=settings.speculative_max_batch,
         target_tpot_ms=settings.engine_target_tpot_ms,
+        target_ttft_ms=settings.engine_target_ttft_ms,
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,
         prefill_kernel=settings.prefill_kernel,

@@ -736,3 +736,46 @@ def test_background_decodes_run_while_the_foreground_prompt_has_no_slot() -> Non
     sim.run()
     assert waiting.is_finished
     sim.assert_no_leaks()
+
+
+def test_a_first_token_overdue_stretches_the_target_until_it_comes() -> None:
+    # 2 ms a step, 1 ms a decode, 20 ms target: 13 decodes fit, the rest wait for a slot.
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 512, 4), 256, 32, target=target)
+    now = [0.0]  # a virtual clock, in seconds
+    sim.scheduler.ttft_target_s = 1.0
+    sim.scheduler.clock = lambda: now[0]
+    requests = [sim.add(f"r{i}", [i, 1, 2, 3], 200) for i in range(20)]
+    sim.step()
+    assert target.max_decodes == 13 and sim.scheduler.num_running == 13
+    now[0] = 0.9  # within the first-token target: the step-time target holds
+    sim.step()
+    assert target.stretch == 1.0 and sim.scheduler.num_running == 13
+    now[0] = 2.0  # twice the target: the step-time target stretches by four
+    sim.step()
+    assert target.stretch == pytest.approx(4.0)
+    assert sim.scheduler.num_running == 20  # every waiting request admitted
+    sim.step()
+    assert all(r.output_token_ids for r in requests)
+    now[0] = 60.0  # every first token came: the target holds again, however long since
+    sim.step()
+    assert target.stretch == 1.0 and target.max_decodes == 13
+    late = sim.add("late", [7, 1, 2, 3], 4)
+    sim.step()
+    assert late.status is RequestStatus.WAITING  # no slot within the target: it waits
+    now[0] = 64.0  # four seconds late: sixteen times the target, at most the slots
+    sim.step()
+    assert target.stretch == pytest.approx(16.0) and late.status is RequestStatus.RUNNING
+
+
+def test_without_a_first_token_target_the_step_target_never_stretches() -> None:
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 512, 4), 256, 32, target=target)
+    now = [0.0]
+    sim.scheduler.clock = lambda: now[0]
+    for i in range(20):
+        sim.add(f"r{i}", [i, 1, 2, 3], 200)
+    sim.step()
+    now[0] = 100.0
+    sim.step()
+    assert target.stretch == 1.0 and sim.scheduler.num_running == 13

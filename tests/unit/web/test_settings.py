@@ -104,6 +104,18 @@ def test_target_tpot_is_auto_by_default_and_takes_off_or_milliseconds() -> None:
             Settings.load(environ={"ATRIUM_TARGET_TPOT_MS": bad})
 
 
+def test_target_ttft_is_off_by_default_and_takes_milliseconds() -> None:
+    assert Settings.load(environ={}).engine_target_ttft_ms is None
+    assert Settings.load(environ={"ATRIUM_TARGET_TTFT_MS": "off"}).engine_target_ttft_ms is None
+    assert Settings.load(environ={"ATRIUM_TARGET_TTFT_MS": "500"}).engine_target_ttft_ms == 500.0
+    args = build_parser().parse_args(["serve", "--target-ttft-ms", "750"])
+    assert args.target_ttft_ms == "750"
+    assert Settings.load({"target_ttft_ms": "750"}, environ={}).engine_target_ttft_ms == 750.0
+    for bad in ("0", "-5", "auto", "inf", "nan"):
+        with pytest.raises(SettingsError, match="target_ttft_ms"):
+            Settings.load(environ={"ATRIUM_TARGET_TTFT_MS": bad})
+
+
 def test_kv_pool_is_sized_from_free_memory_unless_bytes_are_set() -> None:
     defaults = Settings.load(environ={})
     assert (defaults.kv_cache_bytes, defaults.kv_cache_memory_fraction) == (None, None)
