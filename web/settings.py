@@ -302,29 +302,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def engine_target_tpot_ms(self) -> float | Literal["auto"] | None:
         """``target_tpot_ms`` as the engine takes it (None: no target)."""
         value = self.target_tpot_ms.strip().lower()
-        if value in ("auto", "off"):
-            return None if value == "off" else "auto"
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not 0 < number < math.inf:
-            raise SettingsError('target_tpot_ms must be "auto", "off" or a positive number')
-        return number
+        if value == "auto":
+            return "auto"
+        return _milliseconds_or_off("target_tpot_ms", value, '"auto", "off"')
 
     @property
     def engine_target_ttft_ms(self) -> float | None:
         """``target_ttft_ms`` as the engine takes it (None: off)."""
-        value = self.target_ttft_ms.strip().lower()
-        if value == "off":
-            return None
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not 0 < number < math.inf:
-            raise SettingsError('target_ttft_ms must be "off" or a positive number')
-        return number
+        return _milliseconds_or_off("target_ttft_ms", self.target_ttft_ms.strip().lower(), '"off"')
 
     @property
     def resolved_device(self) -> str:
@@ -361,3 +346,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return msgspec.convert(raw, type=cls, strict=False)
         except msgspec.ValidationError as exc:
             raise SettingsError(str(exc)) from exc
+
+
+def _milliseconds_or_off(name: str, value: str, words: str) -> float | None:
+    """``value`` as a positive number of milliseconds, or None for "off"."""
+    if value == "off":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 < number < math.inf:
+        raise SettingsError(f"{name} must be {words} or a positive number")
+    return number

@@ -19,6 +19,7 @@ from tests.integration.gateway_fakes import settings
 from tests.integration.test_admin_app import ADMIN_TOKEN, assert_error, migrated_sqlite
 from tests.support.lora import make_adapter
 from web.app import create_app
+from web.settings import Settings
 
 Client = TestClient[Litestar]
 ROUTE = "/admin/v1/lora-adapters"
@@ -33,32 +34,37 @@ def adapter_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture
 def gateway(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[Client]:
-    url = migrated_sqlite(tmp_path / "lora.db")
-    config = settings(
-        model=str(tiny_llama_dir),
-        dtype="float32",
-        device="cpu",
-        kv_cache_bytes=8 * 2**20,
-        database_url=url,
-        admin_token=ADMIN_TOKEN,
-        engine_process=False,
-        target_tpot_ms="off",
-        usage_spool_path=str(tmp_path / "usage.spool"),
-        max_loras=2,
-        max_lora_rank=8,
-    )
+    config = lora_settings(str(tiny_llama_dir), tmp_path / "lora.db", 8 * 2**20)
     with TestClient(create_app(config)) as client:
         yield client
 
 
-def _admin(client: Client, method: str, path: str, **kwargs: Any) -> Any:
+def lora_settings(model: str, database: Path, kv_cache_bytes: int) -> Settings:
+    """An in-process server of ``model`` (float32, CPU) with two adapter slots of rank 8 and
+    the admin API, on a migrated SQLite file at ``database``."""
+    return settings(
+        model=model,
+        dtype="float32",
+        device="cpu",
+        kv_cache_bytes=kv_cache_bytes,
+        database_url=migrated_sqlite(database),
+        admin_token=ADMIN_TOKEN,
+        engine_process=False,
+        target_tpot_ms="off",
+        usage_spool_path=str(database.parent / "usage.spool"),
+        max_loras=2,
+        max_lora_rank=8,
+    )
+
+
+def admin(client: Client, method: str, path: str, **kwargs: Any) -> Any:
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     return client.request(method, path, headers=headers, **kwargs)
 
 
-def _tenant_key(client: Client, name: str) -> tuple[str, dict[str, str]]:
-    tenant = _admin(client, "POST", "/admin/v1/tenants", json={"name": name}).json()
-    key = _admin(client, "POST", f"/admin/v1/tenants/{tenant['id']}/keys", json={}).json()
+def tenant_key(client: Client, name: str) -> tuple[str, dict[str, str]]:
+    tenant = admin(client, "POST", "/admin/v1/tenants", json={"name": name}).json()
+    key = admin(client, "POST", f"/admin/v1/tenants/{tenant['id']}/keys", json={}).json()
     return tenant["id"], {"Authorization": f"Bearer {key['key']}"}
 
 
@@ -69,13 +75,13 @@ def _complete(client: Client, auth: dict[str, str], model: str) -> Any:
 
 
 def test_adapters_by_tenant_through_the_api(gateway: Client, adapter_dirs: list[Path]) -> None:
-    acme, acme_auth = _tenant_key(gateway, "acme")
-    _, globex_auth = _tenant_key(gateway, "globex")
+    acme, acme_auth = tenant_key(gateway, "acme")
+    _, globex_auth = tenant_key(gateway, "globex")
     base = gateway.get("/v1/models", headers=acme_auth).json()["data"][0]["id"]
     body = {"name": "acme-tone", "path": str(adapter_dirs[0]), "tenant_id": acme}
-    own = _admin(gateway, "POST", ROUTE, json=body)
+    own = admin(gateway, "POST", ROUTE, json=body)
     assert own.status_code == 201, own.text
-    shared = _admin(gateway, "POST", ROUTE, json={"name": "style", "path": str(adapter_dirs[1])})
+    shared = admin(gateway, "POST", ROUTE, json={"name": "style", "path": str(adapter_dirs[1])})
     assert shared.status_code == 201, shared.text
 
     acme_models = [m["id"] for m in gateway.get("/v1/models", headers=acme_auth).json()["data"]]
@@ -110,7 +116,7 @@ def test_adapters_by_tenant_through_the_api(gateway: Client, adapter_dirs: list[
         "end": (now + timedelta(days=1)).isoformat(),
     }
     for _ in range(50):  # the meter writes usage rows shortly after each answer
-        export = _admin(gateway, "GET", "/admin/v1/billing/export", params=window)
+        export = admin(gateway, "GET", "/admin/v1/billing/export", params=window)
         rows = list(csv.DictReader(io.StringIO(export.text)))
         if sum(int(r["requests"]) for r in rows) == 4:
             break
@@ -124,19 +130,19 @@ def test_admin_refuses_bad_registrations(
     gateway: Client, adapter_dirs: list[Path], tmp_path: Path
 ) -> None:
     good = str(adapter_dirs[0])
-    assert _admin(gateway, "POST", ROUTE, json={"name": "ok", "path": good}).status_code == 201
-    assert_error(_admin(gateway, "POST", ROUTE, json={"name": "ok", "path": good}), 409)
-    assert_error(_admin(gateway, "POST", ROUTE, json={"name": "x", "path": str(tmp_path)}), 400)
-    assert_error(_admin(gateway, "POST", ROUTE, json={"name": "x", "path": "relative/dir"}), 400)
+    assert admin(gateway, "POST", ROUTE, json={"name": "ok", "path": good}).status_code == 201
+    assert_error(admin(gateway, "POST", ROUTE, json={"name": "ok", "path": good}), 409)
+    assert_error(admin(gateway, "POST", ROUTE, json={"name": "x", "path": str(tmp_path)}), 400)
+    assert_error(admin(gateway, "POST", ROUTE, json={"name": "x", "path": "relative/dir"}), 400)
     ghost = {"name": "x", "path": good, "tenant_id": "tn_missing"}
-    assert_error(_admin(gateway, "POST", ROUTE, json=ghost), 404)
-    assert_error(_admin(gateway, "POST", ROUTE, json={"name": "bad name", "path": good}), 400)
-    assert_error(_admin(gateway, "POST", ROUTE, json={"name": "x", "path": good, "x": 1}), 400)
-    base = gateway.get("/v1/models", headers=_tenant_key(gateway, "t")[1]).json()["data"][0]["id"]
-    assert_error(_admin(gateway, "POST", ROUTE, json={"name": base, "path": good}), 409)
-    listed = _admin(gateway, "GET", ROUTE).json()
+    assert_error(admin(gateway, "POST", ROUTE, json=ghost), 404)
+    assert_error(admin(gateway, "POST", ROUTE, json={"name": "bad name", "path": good}), 400)
+    assert_error(admin(gateway, "POST", ROUTE, json={"name": "x", "path": good, "x": 1}), 400)
+    base = gateway.get("/v1/models", headers=tenant_key(gateway, "t")[1]).json()["data"][0]["id"]
+    assert_error(admin(gateway, "POST", ROUTE, json={"name": base, "path": good}), 409)
+    listed = admin(gateway, "GET", ROUTE).json()
     assert [a["name"] for a in listed] == ["ok"]
-    removed = _admin(gateway, "DELETE", f"{ROUTE}/{listed[0]['id']}")
+    removed = admin(gateway, "DELETE", f"{ROUTE}/{listed[0]['id']}")
     assert removed.status_code == 200, removed.text
-    assert_error(_admin(gateway, "DELETE", f"{ROUTE}/{listed[0]['id']}"), 404)
-    assert _admin(gateway, "GET", ROUTE).json() == []
+    assert_error(admin(gateway, "DELETE", f"{ROUTE}/{listed[0]['id']}"), 404)
+    assert admin(gateway, "GET", ROUTE).json() == []

@@ -21,6 +21,7 @@ from engine.outputs import GenerateRequest, RequestOutput
 from engine.tokenizer import Tokenizer
 from tests.integration.gateway_fakes import settings
 from tests.integration.test_admin_app import ADMIN_TOKEN, assert_error, migrated_sqlite
+from tests.integration.test_gateway_lora import admin, lora_settings, tenant_key
 from tests.integration.test_gateway_remote_engine import CutStream, frame
 from tests.support.greedy import hf_greedy
 from tests.support.lora import make_adapter, merged_reference
@@ -62,32 +63,10 @@ def models(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Mo
 
 @pytest.fixture
 def gateway(models: Models, tmp_path: Path) -> Iterator[Client]:
-    config = settings(
-        model=f"small={models.small},big={models.big}",
-        dtype="float32",
-        device="cpu",
-        kv_cache_bytes=4 * 2**20,
-        database_url=migrated_sqlite(tmp_path / "lora_models.db"),
-        admin_token=ADMIN_TOKEN,
-        engine_process=False,
-        target_tpot_ms="off",
-        usage_spool_path=str(tmp_path / "usage.spool"),
-        max_loras=2,
-        max_lora_rank=8,
-    )
+    config = lora_settings(f"small={models.small},big={models.big}", tmp_path / "lora_models.db",
+                           4 * 2**20)  # fmt: skip
     with TestClient(create_app(config)) as client:
         yield client
-
-
-def _admin(client: Client, method: str, path: str, **kwargs: Any) -> Any:
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    return client.request(method, path, headers=headers, **kwargs)
-
-
-def _tenant_key(client: Client, name: str) -> tuple[str, dict[str, str]]:
-    tenant = _admin(client, "POST", "/admin/v1/tenants", json={"name": name}).json()
-    key = _admin(client, "POST", f"/admin/v1/tenants/{tenant['id']}/keys", json={}).json()
-    return tenant["id"], {"Authorization": f"Bearer {key['key']}"}
 
 
 def _complete(client: Client, auth: dict[str, str], model: str) -> Any:
@@ -97,7 +76,7 @@ def _complete(client: Client, auth: dict[str, str], model: str) -> Any:
 
 
 def _register(client: Client, **body: Any) -> Any:
-    return _admin(client, "POST", ROUTE, json=body)
+    return admin(client, "POST", ROUTE, json=body)
 
 
 def _engine_outputs(
@@ -135,7 +114,7 @@ def test_an_adapter_runs_on_its_base_model_as_peft_merged_does(
     expected = hf_greedy(merged_reference(models.big, models.big_adapter), [PROMPT], NUM_NEW)[0]
     untuned = hf_greedy(load_reference(models.big), [PROMPT], NUM_NEW)[0]
     assert expected != untuned  # the adapter changes the greedy tokens
-    _, auth = _tenant_key(gateway, "acme")
+    _, auth = tenant_key(gateway, "acme")
 
     made = _register(gateway, name="big-tone", path=str(models.big_adapter), base_model="big")
     assert made.status_code == 201, made.text
@@ -164,16 +143,16 @@ def test_an_adapter_runs_on_its_base_model_as_peft_merged_does(
         assert counted.status_code == 200, counted.text
         assert counted.json()["max_model_len"] == context
 
-    listed = {a["name"]: a["base_model"] for a in _admin(gateway, "GET", ROUTE).json()}
+    listed = {a["name"]: a["base_model"] for a in admin(gateway, "GET", ROUTE).json()}
     assert listed == {"big-tone": "big", "small-tone": None}
-    one = _admin(gateway, "GET", f"{ROUTE}/{big_tone['id']}").json()
+    one = admin(gateway, "GET", f"{ROUTE}/{big_tone['id']}").json()
     assert one["base_model"] == "big"
 
 
 def test_a_base_model_is_checked_and_a_misfit_fails_cleanly(
     gateway: Client, models: Models
 ) -> None:
-    _, auth = _tenant_key(gateway, "acme")
+    _, auth = tenant_key(gateway, "acme")
     big_folder = str(models.big_adapter)
     assert _register(gateway, name="big-tone", path=big_folder, base_model="big").status_code == 201
 
@@ -193,13 +172,13 @@ def test_a_base_model_is_checked_and_a_misfit_fails_cleanly(
     refused = assert_error(_complete(gateway, auth, "misfit"), 400, "invalid_adapter")
     assert "do not fit the model" in refused["message"]
     assert _complete(gateway, auth, "big-tone").status_code == 200
-    assert [a["name"] for a in _admin(gateway, "GET", ROUTE).json()] == ["big-tone", "misfit"]
+    assert [a["name"] for a in admin(gateway, "GET", ROUTE).json()] == ["big-tone", "misfit"]
 
 
 def test_an_adapter_on_a_model_served_elsewhere_is_not_served_here(
     gateway: Client, models: Models
 ) -> None:
-    tenant_id, auth = _tenant_key(gateway, "acme")
+    tenant_id, auth = tenant_key(gateway, "acme")
     service = gateway.app.state.tenant_domain.lora_adapters
     # Registered by a gateway that serves "elsewhere" (the service checks no served models).
     gateway.blocking_portal.call(
@@ -214,7 +193,7 @@ def test_an_adapter_on_a_model_served_elsewhere_is_not_served_here(
     unknown = assert_error(_complete(gateway, auth, "no-such"), 404, "model_not_found")
     assert far["message"].replace("far-tone", "X") == unknown["message"].replace("no-such", "X")
     assert_error(gateway.get("/v1/models/far-tone", headers=auth), 404, "model_not_found")
-    listed = _admin(gateway, "GET", ROUTE).json()
+    listed = admin(gateway, "GET", ROUTE).json()
     assert [(a["name"], a["base_model"]) for a in listed] == [("far-tone", "elsewhere")]
 
 
@@ -249,7 +228,7 @@ def test_the_gateway_role_sends_an_adapter_to_its_base_models_engines(
         )
         runtimes.append(runtime)
     with TestClient(create_app(config, engine=runtimes)) as client:
-        _, auth = _tenant_key(client, "acme")
+        _, auth = tenant_key(client, "acme")
         # The folder is on the engines' disks: a gateway checks only the base model.
         folder = "/srv/adapters/big-tone"
         unknown = _register(client, name="big-tone", path=folder, base_model="huge")

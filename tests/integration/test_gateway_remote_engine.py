@@ -280,6 +280,21 @@ def texts_by_choice(chunks: list[dict[str, Any]]) -> dict[int, str]:
     return texts
 
 
+def two_seeded_choices(
+    tiny_llama_dir: Path, handler: Handler
+) -> tuple[httpx.Response, list[dict[str, Any]], list[Any], list[tuple[int, str, str]]]:
+    """A completion of two choices (seed 4) through ``handler``'s engine: the answer (200), the
+    engine requests sent, the usage records, and each choice's index, text and finish."""
+    with gateway(tiny_llama_dir, handler) as client:
+        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "n": 2, "seed": 4}
+        answer = client.post("/v1/completions", json=body, headers=AUTH)
+        sent = client.app.state.sent
+        records = tenancy_of(client).usage
+    assert answer.status_code == 200, answer.text
+    choices = [(c["index"], c["text"], c["finish_reason"]) for c in answer.json()["choices"]]
+    return answer, sent, records, choices
+
+
 def test_n_choices_cross_as_one_request_split_back_by_index(tiny_llama_dir: Path) -> None:
     frames = [
         choice_frame(0, "a", 1),
@@ -290,13 +305,7 @@ def test_n_choices_cross_as_one_request_split_back_by_index(tiny_llama_dir: Path
         b"data: [DONE]\n\n",
     ]
     handler: Handler = lambda request: httpx.Response(200, stream=CutStream(frames, clean=True))  # noqa: E731
-    with gateway(tiny_llama_dir, handler) as client:
-        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "n": 2, "seed": 4}
-        answer = client.post("/v1/completions", json=body, headers=AUTH)
-        sent = client.app.state.sent
-        records = tenancy_of(client).usage
-    assert answer.status_code == 200, answer.text
-    choices = [(c["index"], c["text"], c["finish_reason"]) for c in answer.json()["choices"]]
+    answer, sent, records, choices = two_seeded_choices(tiny_llama_dir, handler)
     assert choices == [(0, "ab", "length"), (1, "xy", "stop")]
     (one,) = sent  # one engine request for the prompt's two choices
     assert one["n"] == 2
@@ -386,13 +395,7 @@ def test_an_engine_that_takes_no_n_gets_each_choice_alone(tiny_llama_dir: Path) 
         frames = [frame(word, 1), frame(word, 2, "length"), b"data: [DONE]\n\n"]
         return httpx.Response(200, stream=CutStream(frames, clean=True))
 
-    with gateway(tiny_llama_dir, old_engine) as client:
-        body = {"model": MODEL, "prompt": "hello world", "max_tokens": 5, "n": 2, "seed": 4}
-        answer = client.post("/v1/completions", json=body, headers=AUTH)
-        sent = client.app.state.sent
-        records = tenancy_of(client).usage
-    assert answer.status_code == 200, answer.text
-    choices = [(c["index"], c["text"], c["finish_reason"]) for c in answer.json()["choices"]]
+    _, sent, records, choices = two_seeded_choices(tiny_llama_dir, old_engine)
     assert choices == [(0, "aa", "length"), (1, "xx", "length")]
     assert [one.get("n", 1) for one in sent] == [2, 1, 1]
     assert [one["atrium_sampling"]["seed"] for one in sent[1:]] == [4, 5]
