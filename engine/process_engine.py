@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import queue
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 
 import structlog
@@ -67,10 +69,27 @@ _ERRORS: dict[str, type[EngineError]] = {
 
 # -- the child ----------------------------------------------------------------------------------
 
+PARENT_POLL_S = 0.5  # how often the child looks for its parent while nothing else would notice
 
-def _child_main(spec: EngineSpec, commands: Connection, results: Connection) -> None:
+
+def _exit_with_parent(parent: int) -> None:
+    """End this process when ``parent`` (the process that started it) is gone: a parent killed
+    while the model loads (minutes for a large one) closes no pipe that the child is reading
+    yet. A thread polls the parent's pid (a child whose parent died is handed to another
+    process), from the first thing the child does, so one orphaned even sooner exits too."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="atrium-engine-parent-watch", daemon=True).start()
+
+
+def _child_main(spec: EngineSpec, commands: Connection, results: Connection, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _exit_with_parent(parent)
     if spec.setup is not None:
         spec.setup()
     reports = Channel(results)
@@ -160,7 +179,7 @@ class ProcessEngine(EngineClient):
         self._commands, self._results = Channel(commands), Channel(results)
         process = context.Process(
             target=_child_main,
-            args=(self.spec, child_commands, child_results),
+            args=(self.spec, child_commands, child_results, os.getpid()),
             name="atrium-engine",
             daemon=True,
         )

@@ -2,7 +2,8 @@
 
 Greedy outputs equal the in-process ``LLMEngine``'s; request errors cross with their type and
 parameter; aborts and cancelled consumers free pages; a child that dies fails its requests and
-refuses new ones; shutdown ends the child; a model that cannot load fails ``start`` clearly.
+refuses new ones; shutdown ends the child; a model that cannot load fails ``start`` clearly; a
+parent killed while the child loads takes the child with it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -192,3 +196,67 @@ def test_a_model_that_cannot_load_fails_start(tiny_llama_dir: Path, tmp_path: Pa
     with pytest.raises(EngineError, match=r"failed to start.*not found"):
         engine.start()
     assert not engine.is_running
+
+
+# A gateway whose engine child takes two minutes to load (its set-up sleeps before the model).
+SLOW_LOADING_PARENT = """
+import functools, sys, time
+from engine.config import EngineConfig
+from engine.factory import EngineSpec
+from engine.model.loader import load_tokenizer
+from engine.process_engine import ProcessEngine
+config = EngineConfig(num_pages=32, max_num_batched_tokens=64, max_num_seqs=8, dtype="float32")
+spec = EngineSpec(model=sys.argv[1], dtype="float32", config=config, torch_threads=1,
+                  setup=functools.partial(time.sleep, 120))
+ProcessEngine(spec, load_tokenizer(sys.argv[1])[0]).start()
+"""
+
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_a_child_still_loading_exits_when_its_parent_is_killed(tiny_llama_dir: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SLOW_LOADING_PARENT, str(tiny_llama_dir)], start_new_session=True
+    )
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not children and time.monotonic() < deadline:
+            time.sleep(0.1)
+            children = _children(parent.pid)
+        assert children, "the parent started no engine child"
+        time.sleep(1.0)  # the child is in its set-up now, long before any pipe is read
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in children), "the engine child outlived its parent"
+    finally:
+        parent.kill()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
