@@ -49,6 +49,16 @@ def test_every_argument_of_every_command_has_help() -> None:
     assert _without_help(build_parser(), "atrium") == []
 
 
+def _python(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``script`` run by a fresh interpreter in ``env``; it must exit 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_sql_commands_never_load_the_engine(tmp_path: Path) -> None:
     # Each SQL command run for real on a fresh database: the run imports only its own command's
     # module and the tenant domain, never the engine's model code (nor torch), so it answers in
@@ -70,15 +80,7 @@ def test_sql_commands_never_load_the_engine(tmp_path: Path) -> None:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
     env["ATRIUM_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}"
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
+    result = _python(script, env)
     assert "usage: atrium tenants list" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "[]"
     # On a database already at head, a read-only command finds so with a plain query and never
@@ -89,15 +91,7 @@ def test_sql_commands_never_load_the_engine(tmp_path: Path) -> None:
         "assert main(['tenants', 'list']) == 0\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
     )
-    again = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
-    assert again.returncode == 0, again.stderr
+    again = _python(script, env)
     assert '"name":"acme"' in again.stdout
     assert again.stdout.strip().splitlines()[-1] == "[]"
 
