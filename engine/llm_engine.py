@@ -677,6 +677,7 @@ class LLMEngine:
         return EngineSnapshot(
             running_by_tenant=running,
             waiting_by_tenant=self.scheduler.policy.num_waiting_by_tenant(),
+            queue_wait_by_tenant=self.scheduler.queue_wait_by_tenant(),
             num_pages_total=self.num_pages,
             num_pages_free=self.cache.pool.num_free_pages,
             num_pages_available=self.cache.num_available_pages,

@@ -121,15 +121,27 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.policy)
 
+    def queue_wait_by_tenant(self) -> dict[str, float]:
+        """Seconds each tenant's longest-waiting request has waited (since it arrived, or since
+        it was preempted); O(waiting), for snapshots, not steps."""
+        now = self.clock()
+        waits: dict[str, float] = {}
+        for request in self.policy.waiting():
+            wait = max(0.0, now - request.queued_at)
+            if wait > waits.get(request.tenant_id, -1.0):
+                waits[request.tenant_id] = wait
+        return waits
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.policy) > 0
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
+        request.queued_at = now = self.clock()
         self.policy.add(request)
         if self.target is not None and self.ttft_target_s is not None:
-            self._awaiting_first.append((self.clock(), request))
+            self._awaiting_first.append((now, request))
 
     def _stretch(self) -> float:
         """How far the step-time target stretches this step: by the square of the oldest
@@ -174,6 +186,8 @@ class Scheduler:
             if sitting:
                 held += [r for r in prefills if r.tenant_id in sitting]
                 prefills = [r for r in prefills if r.tenant_id not in sitting]
+        if self.ttft_target_s is not None and self.target is not None:
+            decodes = self._trim_decodes_ahead(decodes, prefills)
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
         num_decodes = out.num_decodes = len(out.seqs)
@@ -294,6 +308,42 @@ class Scheduler:
             return decodes, [], sitting
         kept = [r for r in decodes if r.request_id not in deferred]
         return kept, [r for r in decodes if r.request_id in deferred], sitting
+
+    def _trim_decodes_ahead(self, decodes: list[Request], prefills: list[Request]) -> list[Request]:
+        """The decodes that run when more run than the step-time target holds (requests admitted
+        while a first token was overdue): the decodes of tenants served more than
+        ``policy.decode_lead`` ahead of the least-served tenant with work in the step sit out,
+        the most served first, until the rest fit the unstretched target. Tenants within the
+        lead of each other all run: the step outgrows its target rather than anyone starving,
+        and the target's room goes by weight where a queue would have ordered it.
+        O(running log running)."""
+        lead = self.policy.decode_lead
+        assert self.target is not None
+        excess = len(decodes) - self.target.decodes_within(1.0)
+        if lead is None or excess <= 0:
+            return decodes
+        served = self.policy.service
+        least = min(served(r.tenant_id) for r in (*decodes, *prefills))
+        ahead = sorted(
+            (r for r in decodes if served(r.tenant_id) > least + lead),
+            key=lambda r: (served(r.tenant_id), r.admitted_index),
+        )
+        if not ahead:
+            return decodes
+        sit_out = {r.request_id for r in ahead[max(0, len(ahead) - excess) :]}
+        return [r for r in decodes if r.request_id not in sit_out]
+
+    def _behind_running(self, request: Request) -> bool:
+        """Within a first-token target, whether the waiting ``request``'s tenant is served more
+        than ``policy.decode_lead`` less than a tenant with requests running: then it is
+        admitted past the slot limit, and the decodes of the tenant ahead sit the steps out
+        (``_trim_decodes_ahead``) rather than keep the tenant behind waiting for its requests to
+        end. O(running tenants)."""
+        lead = self.policy.decode_lead
+        if self.ttft_target_s is None or self.target is None or lead is None or not self.slots:
+            return False
+        served = self.policy.service
+        return served(request.tenant_id) + lead < max(served(t) for t in self.slots)
 
     def _run_late_decodes(
         self, deferred: list[Request], out: SchedulerOutput, budget: int, scheduled: set[str]
@@ -428,9 +478,11 @@ class Scheduler:
         skip = {t for t, cap in caps.items() if cap <= 0} if caps else set()
         if sitting:
             skip |= sitting
-        while budget > 0 and len(self.running) < self._slot_limit:
+        while budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.policy.peek(skip)
             if request is None:
+                break
+            if len(self.running) >= self._slot_limit and not self._behind_running(request):
                 break
             if foreground_only and request.background:
                 skip.add(request.tenant_id)
@@ -603,6 +655,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
+        request.queued_at = self.clock()
         self.policy.requeue_front(request)
         log.info(
             "request_preempted",

@@ -66,6 +66,8 @@ class EngineSnapshot:
 
     running_by_tenant: dict[str, int] = field(default_factory=dict)
     waiting_by_tenant: dict[str, int] = field(default_factory=dict)
+    # Seconds each tenant's longest-waiting request has waited (tenants with none waiting absent).
+    queue_wait_by_tenant: dict[str, float] = field(default_factory=dict)
     num_pages_total: int = 0
     num_pages_free: int = 0
     num_pages_available: int = 0  # free plus evictable cached pages

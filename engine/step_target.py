@@ -88,10 +88,15 @@ class StepTarget:
 
     @property
     def max_decodes(self) -> int:
-        """The most decodes one step holds within the target with room left for prefill (at
-        least one)."""
+        """The most decodes one step holds within the (stretched) target with room left for
+        prefill (at least one)."""
+        return self.decodes_within(self.stretch)
+
+    def decodes_within(self, stretch: float = 1.0) -> int:
+        """The most decodes a step holds within the target stretched by ``stretch``, with room
+        left for prefill (at least one)."""
         costs = self.costs
-        room = (self.target_s * self.stretch - costs.fixed_s) * (1 - PREFILL_SHARE)
+        room = (self.target_s * stretch - costs.fixed_s) * (1 - PREFILL_SHARE)
         return max(1, int(room / (self.scale * costs.per_decode_s)))
 
     def prefill_budget(self, num_decodes: int) -> int:

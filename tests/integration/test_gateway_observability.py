@@ -111,6 +111,7 @@ def _snapshot(preemptions: int, running: dict[str, int]) -> EngineSnapshot:
     return EngineSnapshot(
         running_by_tenant=running,
         waiting_by_tenant={"tenant-a": 2},
+        queue_wait_by_tenant={"tenant-a": 1.5},
         num_pages_total=64,
         num_pages_free=40,
         num_pages_available=50,
@@ -152,6 +153,7 @@ def test_engine_counters_and_per_tenant_gauges(tiny_llama_dir: Path) -> None:
     assert "atrium_draft_tokens_total 40.0" in second
     assert "atrium_draft_tokens_accepted_total 30.0" in second
     assert 'atrium_tenant_queue_depth{tenant="tenant-a"} 2.0' in first
+    assert 'atrium_tenant_queue_wait_seconds{tenant="tenant-a"} 1.5' in first
     assert 'atrium_tenant_running_requests{tenant="tenant-b"} 4.0' in first
     assert 'atrium_tenant_kv_pages{tenant="tenant-a"} 8.0' in first  # its own and its adapter's
     assert 'tenant="tenant-b"' not in second  # gone once it has nothing in the engine

@@ -99,10 +99,13 @@ def merge_snapshots(snapshots: Sequence[EngineSnapshot]) -> EngineSnapshot:
     caches: dict[str, NamespaceSnapshot] = {}
     running: dict[str, int] = {}
     waiting: dict[str, int] = {}
+    waits: dict[str, float] = {}
     total = free = available = page_size = 0
     for snap in snapshots:
         running = _add_counts(running, snap.running_by_tenant)
         waiting = _add_counts(waiting, snap.waiting_by_tenant)
+        for tenant, wait in snap.queue_wait_by_tenant.items():
+            waits[tenant] = max(wait, waits.get(tenant, 0.0))
         total += snap.num_pages_total
         free += snap.num_pages_free
         available += snap.num_pages_available
@@ -116,6 +119,7 @@ def merge_snapshots(snapshots: Sequence[EngineSnapshot]) -> EngineSnapshot:
     return EngineSnapshot(
         running_by_tenant=running,
         waiting_by_tenant=waiting,
+        queue_wait_by_tenant=waits,
         num_pages_total=total,
         num_pages_free=free,
         num_pages_available=available,

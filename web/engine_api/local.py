@@ -172,5 +172,6 @@ def engine_numbers(snapshot: Any) -> dict[str, object]:
         "num_accepted_draft_tokens": getattr(counters, "num_accepted_draft_tokens", None),
         "waiting_by_tenant": dict(getattr(snapshot, "waiting_by_tenant", {})),
         "running_by_tenant": dict(getattr(snapshot, "running_by_tenant", {})),
+        "queue_wait_by_tenant": dict(getattr(snapshot, "queue_wait_by_tenant", {})),
         "kv_pages_by_tenant": kv_pages,
     }

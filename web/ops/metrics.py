@@ -115,6 +115,11 @@ class GatewayMetrics:
                     "atrium_tenant_running_requests", "Requests of the tenant running",
                     ["tenant"], registry=r,
                 ),
+                "queue_wait_by_tenant": Gauge(
+                    "atrium_tenant_queue_wait_seconds",
+                    "Seconds the tenant's longest-waiting request has waited", ["tenant"],
+                    registry=r,
+                ),
                 "kv_pages_by_tenant": Gauge(
                     "atrium_tenant_kv_pages", "KV pages the tenant's prefixes hold in the cache",
                     ["tenant"], registry=r,

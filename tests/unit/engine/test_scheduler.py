@@ -143,7 +143,12 @@ class Simulation:
         )
 
     def add(
-        self, request_id: str, prompt: list[int], max_tokens: int, tenant: str = "t"
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        tenant: str = "t",
+        weight: float = 1.0,
     ) -> Request:
         request = Request(
             request_id=request_id,
@@ -154,6 +159,7 @@ class Simulation:
             owner=owner_tag(request_id),
             arrival_index=0,
         )
+        request.tenant_weight = weight
         self.scheduler.add(request)
         return request
 
@@ -168,7 +174,12 @@ class Simulation:
         assert len(out.seqs) <= self.max_num_seqs
         left = {r.request_id for r in out.preempted + out.finished}
         missing = decoding - set(ids) - left
-        if missing:
+        over_target = (
+            sched.ttft_target_s is not None
+            and self.target is not None
+            and len(decoding) > self.target.decodes_within(1.0)
+        )
+        if missing and not over_target:
             # Only beside a prompt that ran: background decodes beside a foreground prompt;
             # others within a step-time target, beside a prompt of a tenant served less.
             prompts = [s for s in out.seqs if s.request.request_id not in decoding]
@@ -779,3 +790,71 @@ def test_without_a_first_token_target_the_step_target_never_stretches() -> None:
     now[0] = 100.0
     sim.step()
     assert target.stretch == 1.0 and sim.scheduler.num_running == 13
+
+
+def _admitted_past_the_target(policy: AdmissionPolicy, weights: dict[str, float]) -> Simulation:
+    """32 requests of long answers per tenant, all admitted at once because their first tokens
+    are overdue, beside a step-time target that holds 13 decodes."""
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 4096, 4), 512, 128, policy=policy, target=target)
+    now = [0.0]
+    sim.scheduler.ttft_target_s = 1.0
+    sim.scheduler.clock = lambda: now[0]
+    for tenant, weight in weights.items():
+        for i in range(32):
+            sim.add(f"{tenant}-{i}", [i, 1, 2, 3], 400, tenant=tenant, weight=weight)
+    now[0] = 10.0  # ten times the first-token target: the target stretches to admit them all
+    sim.step()
+    assert sim.scheduler.num_running == 32 * len(weights)
+    return sim
+
+
+def test_past_the_step_target_tenants_ahead_sit_out_by_weight() -> None:
+    weights = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
+    sim = _admitted_past_the_target(FairSharePolicy(), weights)
+    for _ in range(30):  # every first token comes; the counters start level
+        sim.step()
+    assert all(r.output_token_ids for r in sim.scheduler.running)
+    tokens: Counter[str] = Counter()
+    for _ in range(300):
+        tokens.update(s.request.tenant_id for s in sim.step().seqs)
+    total = sum(tokens.values())
+    for tenant, weight in weights.items():
+        share = tokens[tenant] / total / (weight / 7)
+        assert share == pytest.approx(1.0, abs=0.05), (tenant, share)
+
+
+def test_past_the_step_target_level_tenants_all_run() -> None:
+    # Equal weights: counters stay within the lead of each other, so nobody's decodes sit out
+    # (the step outgrows its target rather than leaving anyone's requests without tokens).
+    sim = _admitted_past_the_target(FairSharePolicy(), {"a": 1.0, "b": 1.0})
+    for _ in range(30):
+        sim.step()
+    for _ in range(50):
+        assert sim.step().num_decodes == 64
+
+
+def test_past_the_step_target_admission_order_runs_every_decode() -> None:
+    # FIFO orders no tenants: every admitted request decodes every step.
+    sim = _admitted_past_the_target(FifoPolicy(), {"w1": 1.0, "w4": 4.0})
+    for _ in range(30):
+        sim.step()
+    for _ in range(20):
+        assert sim.step().num_decodes == 64
+
+
+def test_queue_wait_by_tenant_is_each_tenants_longest_wait() -> None:
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 512, 4), 256, 32, policy=FairSharePolicy(), target=target)
+    now = [0.0]
+    sim.scheduler.clock = lambda: now[0]
+    for i in range(20):  # 13 run within the step-time target, 7 wait
+        sim.add(f"a{i}", [i, 1, 2, 3], 200, tenant="a")
+    sim.step()
+    now[0] = 1.0
+    late = sim.add("b0", [9, 1, 2, 3], 4, tenant="b")
+    now[0] = 3.0
+    waits = sim.scheduler.queue_wait_by_tenant()
+    assert waits == {"a": pytest.approx(3.0), "b": pytest.approx(2.0)}
+    sim.scheduler.finish(late, "abort")
+    assert set(sim.scheduler.queue_wait_by_tenant()) == {"a"}
