@@ -1,5 +1,10 @@
 """Prefill MFU and decode bandwidth of a random-weight ~1B Llama through the engine's own model
 and attention backend; prints one JSON report. ``--smoke`` runs a tiny model on CPU.
+
+Each decode batch is timed twice: as an eager step, and as the engine's graph step (stage the
+rows in the static buffers, plan, replay the CUDA graph; ``engine/cuda_graphs.py``). On a CPU,
+or with a backend that cannot plan for graphs, the second runs the same buffers eagerly
+(``graph_captured`` false).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from bench.common import quiet_logging
 from engine.attention.backend import AttentionBackend, allocate_kv_caches
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 from engine.attention.registry import create_backend
+from engine.cuda_graphs import DecodeGraphs, DecodeRow, FixedPlanner
 from engine.device import dtype_name, resolve_device
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
@@ -165,6 +171,7 @@ def bench_decode(
     device: torch.device,
     *,
     batch: int,
+    graphs: DecodeGraphs | None = None,
 ) -> dict[str, Any]:
     c, ctx = shape.model, shape.decode_context
     seqs = [SeqSlice(p, ctx - 1, 1) for p in _pages(batch, ctx, shape.page_size)]
@@ -181,7 +188,7 @@ def bench_decode(
     elt = torch.finfo(shape.dtype).bits // 8
     weight_bytes = (matmul_params(model) + c.vocab_size * c.hidden_size) * elt
     kv_bytes = batch * ctx * c.num_layers * 2 * c.num_kv_heads * c.head_dim * elt
-    return {
+    report: dict[str, Any] = {
         "batch": batch,
         "context": ctx,
         "step_ms": secs * 1e3,
@@ -190,6 +197,21 @@ def bench_decode(
         "gb_per_s": (weight_bytes + kv_bytes) / secs / 1e9,
         "bandwidth_util": (weight_bytes + kv_bytes) / secs / H200_PEAK_BYTES,
     }
+    if graphs is not None:
+        ids = input_ids.tolist()
+        rows = [DecodeRow(ids[i], ctx - 1, seq.page_ids) for i, seq in enumerate(seqs)]
+
+        def graph_step() -> torch.Tensor:  # stage, plan, replay, greedy pick
+            assert graphs is not None
+            return graphs.run(graphs.stage(rows)).argmax(-1)
+
+        graph_secs = seconds_per_call(graph_step, device, shape.warmup, shape.iters)
+        report |= {
+            "graph_step_ms": graph_secs * 1e3,
+            "graph_tok_per_s": batch / graph_secs,
+            "graph_bandwidth_util": (weight_bytes + kv_bytes) / graph_secs / H200_PEAK_BYTES,
+        }
+    return report
 
 
 def run(
@@ -206,13 +228,23 @@ def run(
         c,
         page_size=shape.page_size,
         dtype=shape.dtype,
-        num_pages=num_pages,
+        num_pages=num_pages + 1,  # the last: the graphs' scratch page
         name=backend_name,
         prefill_kernel=prefill_kernel,
     )
     caches = allocate_kv_caches(
-        c.num_layers, num_pages, shape.page_size, c.num_kv_heads, c.head_dim, shape.dtype, device
-    )
+        c.num_layers, num_pages + 1, shape.page_size, c.num_kv_heads, c.head_dim, shape.dtype,
+        device,
+    )  # fmt: skip
+    graphs = DecodeGraphs(
+        model, backend, caches, sizes=shape.decode_batches, page_size=shape.page_size,
+        scratch_page=num_pages, max_pages_per_seq=per_seq_pages,
+    )  # fmt: skip
+    capture_s = None
+    if device.type == "cuda" and isinstance(backend, FixedPlanner):
+        start = time.perf_counter()
+        graphs.capture()
+        capture_s = time.perf_counter() - start
     elt = torch.finfo(shape.dtype).bits // 8
     return {
         "device": str(device),
@@ -232,9 +264,11 @@ def run(
             "vocab_size": c.vocab_size,
         },
         "peaks": {"flops": H200_PEAK_FLOPS, "bytes_per_s": H200_PEAK_BYTES},
+        "graph_captured": bool(graphs.captured),
+        "graph_capture_s": capture_s,
         "prefill": bench_prefill(model, backend, caches, shape, device),
         "decode": [
-            bench_decode(model, backend, caches, shape, device, batch=b)
+            bench_decode(model, backend, caches, shape, device, batch=b, graphs=graphs)
             for b in shape.decode_batches
         ],
     }

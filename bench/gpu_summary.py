@@ -54,6 +54,9 @@ def bench(report: dict[str, Any] | None) -> dict[str, Any] | None:
                 "tok_per_s": round(row["tok_per_s"]),
                 "step_ms": round(row["step_ms"], 2),
                 "bandwidth_util": round(row["bandwidth_util"], 4),
+                "graph_step_ms": (
+                    round(row["graph_step_ms"], 2) if "graph_step_ms" in row else None
+                ),
             }
             for row in report["decode"]
         },

@@ -31,7 +31,10 @@ class EngineConfig:
     admitted and prefill chunks sized only while steps stay within it; "auto" derives it from
     costs measured at start; None sets no bound. ``max_loras`` is how many LoRA adapters stay
     resident at once (0: adapters off, no memory set aside), each of rank at most
-    ``max_lora_rank`` (``engine/lora/``).
+    ``max_lora_rank`` (``engine/lora/``). ``cuda_graphs`` replays decode-only steps on CUDA from
+    graphs captured at start, one per size of ``cuda_graph_sizes`` (None: 1, 2, 4, 8, then every
+    8 up to ``max_num_seqs``, every 16 past 256; ``engine/cuda_graphs.py``); it means nothing on
+    a CPU.
     """
 
     page_size: int = 16
@@ -54,6 +57,8 @@ class EngineConfig:
     max_lora_rank: int = 16
     # FlashInfer's prefill kernel on CUDA: auto (FA3 on Hopper, FA2 elsewhere), fa2 or fa3.
     prefill_kernel: str = "auto"
+    cuda_graphs: bool = True
+    cuda_graph_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -94,6 +99,12 @@ class EngineConfig:
             raise ValueError(f"prefill_kernel must be one of {', '.join(PREFILL_KERNELS)}")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
+        sizes = self.cuda_graph_sizes
+        if sizes is not None:
+            if not sizes or any(not 0 < n <= self.max_num_seqs for n in sizes):
+                raise ValueError("cuda_graph_sizes must be batch sizes from 1 to max_num_seqs")
+            if list(sizes) != sorted(set(sizes)):
+                raise ValueError("cuda_graph_sizes must be increasing")
 
     @property
     def token_budget(self) -> int:

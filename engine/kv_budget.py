@@ -125,11 +125,13 @@ def size_kv_pool(
     max_model_len: int,
     device_type: str,
     free: FreeMemory | None,
+    reserved_bytes: int = 0,
 ) -> KvPoolSize:
     """The pool's pages for ``config``: ``num_pages``, else ``kv_cache_bytes``, else the memory
-    fraction of ``free``, never more than ``max_num_seqs`` requests at ``max_model_len`` need
-    (pages past that could only hold more cached prefixes, at the cost of memory taken from
-    everything else on the machine)."""
+    fraction of ``free`` less ``reserved_bytes`` (what else the budget must hold: the decode
+    graphs), never more than ``max_num_seqs`` requests at ``max_model_len`` need (pages past
+    that could only hold more cached prefixes, at the cost of memory taken from everything
+    else on the machine)."""
     if config.num_pages is not None:
         return KvPoolSize(config.num_pages, "num_pages")
     if bytes_per_page <= 0:
@@ -144,10 +146,11 @@ def size_kv_pool(
         fraction = default_memory_fraction(device_type)
     if free is None:
         return KvPoolSize(FALLBACK_KV_CACHE_BYTES // bytes_per_page or 1, "fallback", fraction)
-    num_pages = int(free.num_bytes * fraction) // bytes_per_page
+    num_pages = (int(free.num_bytes * fraction) - reserved_bytes) // bytes_per_page
     if num_pages <= 0:
+        reserved = f" (less {reserved_bytes} for CUDA graphs)" if reserved_bytes else ""
         raise ValueError(
-            f"{fraction:g} of the {free.num_bytes} bytes free cannot hold a KV page of "
+            f"{fraction:g} of the {free.num_bytes} bytes free{reserved} cannot hold a KV page of "
             f"{bytes_per_page} bytes; set kv_cache_bytes or a larger kv_cache_memory_fraction"
         )
     pages_per_request = -(-max_model_len // config.page_size)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 import torch
@@ -17,6 +17,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.registry import create_backend
 from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs, FixedPlanner, default_sizes, memory_estimate
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.fair_share import FairSharePolicy
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 PrefixCacheFactory = Callable[[PagePool, int], PrefixCache]
+# Decode-only steps: replayed from CUDA graphs, run padded over the graphs' static buffers
+# without capture (any device), or run as every other step.
+GraphMode = Literal["capture", "eager", "off"]
 
 
 @dataclass(slots=True)
@@ -78,8 +82,11 @@ class LLMEngine:
         policy: AdmissionPolicy | None = None,
         backend: AttentionBackend | None = None,
         progress: LoadProgress | None = None,
+        decode_graphs: GraphMode | None = None,
     ) -> None:
-        """``progress`` is told of the KV cache's allocation and of the timed warm-up steps."""
+        """``progress`` is told of the KV cache's allocation, the graphs' capture and the timed
+        warm-up steps. ``decode_graphs`` None means "capture" on CUDA with
+        ``config.cuda_graphs``, else "off" (``engine/cuda_graphs.py``)."""
         progress = progress or NullProgress()
         self.config = config = config or EngineConfig()
         model_config = loaded.config
@@ -95,7 +102,16 @@ class LLMEngine:
             * torch.empty((), dtype=dtype).element_size()
         )
         self.max_model_len = config.resolve_max_model_len(model_config.max_position_embeddings)
-        self.num_pages = self._size_pool(config, bytes_per_page, device)
+        if decode_graphs is None:
+            decode_graphs = "capture" if config.cuda_graphs and device.type == "cuda" else "off"
+        graph_sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
+        # The graphs are captured over the KV cache, so after it: their memory is estimated
+        # and taken from the KV budget first.
+        reserved = 0
+        if decode_graphs == "capture":
+            reserved = memory_estimate(model_config, graph_sizes, dtype, bytes_per_page)
+        self.num_pages = self._size_pool(config, bytes_per_page, device, reserved)
+        scratch = decode_graphs != "off"  # one page past the pool for padded rows
         progress.stage("allocate KV cache", total=self.num_pages * bytes_per_page, unit="bytes")
         pool = PagePool(self.num_pages)
         if prefix_cache_factory is not None and config.enable_prefix_cache:
@@ -127,7 +143,7 @@ class LLMEngine:
                 model_config,
                 page_size=page_size,
                 dtype=dtype,
-                num_pages=self.num_pages,
+                num_pages=self.num_pages + scratch,
                 prefill_kernel=config.prefill_kernel,
             ),
             num_pages=self.num_pages,
@@ -135,6 +151,7 @@ class LLMEngine:
             dtype=dtype,
             device=device,
             on_allocated=progress.advance,
+            scratch_page=scratch,
         )
         self.lora: LoraManager | None = None
         if config.max_loras > 0:
@@ -143,6 +160,8 @@ class LLMEngine:
             )
             self.runner.lora = self.lora
             self.scheduler.lora_slots = self.lora.slots
+        if decode_graphs != "off":
+            self._decode_graphs(decode_graphs, graph_sizes, reserved, progress)
         self.scheduler.target = self._step_target(config, progress)
         ttft = config.target_ttft_ms
         self.scheduler.ttft_target_s = None if ttft is None else ttft / 1000
@@ -166,11 +185,14 @@ class LLMEngine:
             cache=type(self.cache).__name__,
         )
 
-    def _size_pool(self, config: EngineConfig, bytes_per_page: int, device: torch.device) -> int:
-        """The KV pool's pages (``engine/kv_budget.py``), logged with the tokens they hold."""
+    def _size_pool(
+        self, config: EngineConfig, bytes_per_page: int, device: torch.device, reserved: int
+    ) -> int:
+        """The KV pool's pages (``engine/kv_budget.py``), logged with the tokens they hold;
+        ``reserved`` bytes of a budget sized by memory go to the decode graphs."""
         sized_by_memory = config.num_pages is None and config.kv_cache_bytes is None
         free = free_memory(device) if sized_by_memory else None
-        size = size_kv_pool(config, bytes_per_page, self.max_model_len, device.type, free)
+        size = size_kv_pool(config, bytes_per_page, self.max_model_len, device.type, free, reserved)
         emit = log.warning if size.reason == "fallback" else log.info
         emit(
             "kv_cache_sized",
@@ -180,9 +202,49 @@ class LLMEngine:
             reason=size.reason,
             memory_fraction=size.fraction,
             free_bytes=size.free_bytes,
+            reserved_bytes=reserved if size.free_bytes is not None else None,
             device=device.type,
         )
         return size.num_pages
+
+    def _decode_graphs(
+        self, mode: GraphMode, sizes: tuple[int, ...], reserved: int, progress: LoadProgress
+    ) -> None:
+        """Static buffers for decode-only steps, and with "capture" their CUDA graphs; a
+        backend that cannot plan into fixed buffers, or a capture that fails, leaves every step
+        eager (logged as ``cuda_graphs_off``)."""
+        runner = self.runner
+        if mode == "capture" and not isinstance(runner.backend, FixedPlanner):
+            log.warning(
+                "cuda_graphs_off",
+                reason=f"the {runner.backend.name} attention backend cannot replay from graphs",
+            )
+            return
+        assert runner.scratch_page is not None
+        graphs = DecodeGraphs(
+            runner.model,
+            runner.backend,
+            runner.kv_caches,
+            sizes=sizes,
+            page_size=runner.page_size,
+            scratch_page=runner.scratch_page,
+            max_pages_per_seq=-(-self.max_model_len // runner.page_size),
+        )
+        if mode == "capture":
+            start = time.perf_counter()
+            try:
+                used = graphs.capture(progress)
+            except Exception as exc:  # a model the graphs cannot hold still serves, eagerly
+                log.warning("cuda_graphs_off", reason=f"capture failed: {exc!r}")
+                return
+            log.info(
+                "cuda_graphs_captured",
+                sizes=list(sizes),
+                seconds=round(time.perf_counter() - start, 2),
+                device_bytes=used,
+                reserved_bytes=reserved,
+            )
+        runner.graphs = graphs
 
     def _step_target(self, config: EngineConfig, progress: LoadProgress) -> StepTarget | None:
         """The step-time target of ``config``, with this machine's measured step costs."""

@@ -9,6 +9,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend, allocate_kv_caches
 from engine.attention.metadata import AttentionMetadata, SeqSlice, build_attention_metadata
+from engine.cuda_graphs import DecodeGraphs, GraphStep
 from engine.lora.batch import LoraStep
 from engine.lora.manager import LoraManager
 from engine.model.config import ModelConfig
@@ -23,6 +24,7 @@ class StepInputs(NamedTuple):
     logits_indices: torch.Tensor  # [num_rows] int64: last token of each sampled sequence, and
     # every row of a drafted decode
     lora: LoraStep | None = None  # the rows' LoRA adapters; None when no row has one
+    graph: GraphStep | None = None  # a decode step staged in the graphs' static buffers
 
 
 class ModelRunner:
@@ -39,17 +41,22 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device | str,
         on_allocated: Callable[[int], object] | None = None,
+        scratch_page: bool = False,
     ) -> None:
-        """``on_allocated`` is told the bytes of each layer's KV tensor once it is allocated."""
+        """``on_allocated`` is told the bytes of each layer's KV tensor once it is allocated.
+        ``scratch_page`` adds one page past the pool's ``num_pages`` (its id: ``num_pages``),
+        which no request holds: padded decode rows write there (``engine/cuda_graphs.py``)."""
         self.model = model
         self.backend = backend
         self.page_size = page_size
         self.device = torch.device(device)
         self.lora: LoraManager | None = None  # set by the engine when adapters are on
+        self.graphs: DecodeGraphs | None = None  # set by the engine when decodes pad
+        self.scratch_page = num_pages if scratch_page else None
         # One tensor per layer: [num_pages, 2, page_size, num_kv_heads, head_dim]
         self.kv_caches = allocate_kv_caches(
             config.num_layers,
-            num_pages,
+            num_pages + int(scratch_page),
             page_size,
             config.num_kv_heads,
             config.head_dim,
@@ -59,7 +66,15 @@ class ModelRunner:
         )
 
     def prepare(self, seqs: Sequence[ScheduledSeq]) -> StepInputs:
-        """Flatten the step's tokens (no padding); cost is linear in the step's tokens."""
+        """Flatten the step's tokens (no padding); cost is linear in the step's tokens. With
+        graphs, a decode-only step they hold is staged, padded, in their static buffers."""
+        graphs = self.graphs
+        rows = graphs.rows_for(seqs) if graphs is not None else None
+        if graphs is not None and rows is not None:
+            step = graphs.stage(rows)
+            return StepInputs(
+                step.input_ids, step.positions, step.meta, step.logits_indices, graph=step
+            )
         input_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
@@ -98,6 +113,8 @@ class ModelRunner:
         )
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:  # [num_sampled, vocab] float32
+        if inputs.graph is not None and self.graphs is not None:
+            return self.graphs.run(inputs.graph)
         logits: torch.Tensor = self.model(
             inputs.input_ids,
             inputs.positions,

@@ -83,6 +83,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_lora_rank: int = 16
     # FlashInfer's prefill kernel on CUDA: auto (FA3 on Hopper, FA2 elsewhere), fa2 or fa3.
     prefill_kernel: str = "auto"
+    # CUDA only: decode-only steps replay from CUDA graphs captured at start ("on") or run
+    # eagerly ("off"); cuda_graph_sizes lists the batch sizes captured (comma-separated; None:
+    # 1, 2, 4, 8, then every 8 up to max_num_seqs). Neither applies on a CPU.
+    cuda_graphs: str = "on"
+    cuda_graph_sizes: str | None = None
     # The longest a step may take, so each running request's time per output token: "auto"
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
@@ -191,6 +196,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise SettingsError("max_num_batched_tokens must be positive")
         self.engine_target_tpot_ms  # noqa: B018 (validates)
         self.engine_target_ttft_ms  # noqa: B018 (validates)
+        self.engine_cuda_graphs  # noqa: B018 (validates)
+        sizes = self.engine_cuda_graph_sizes
+        if sizes is not None and (min(sizes) <= 0 or max(sizes) > self.max_num_seqs):
+            raise SettingsError("cuda_graph_sizes must be batch sizes from 1 to max_num_seqs")
         if self.auth_failures_per_minute < 0:
             raise SettingsError("auth_failures_per_minute must not be negative")
         if not 0 < self.batch_weight_fraction <= 1:
@@ -310,6 +319,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def engine_target_ttft_ms(self) -> float | None:
         """``target_ttft_ms`` as the engine takes it (None: off)."""
         return _milliseconds_or_off("target_ttft_ms", self.target_ttft_ms.strip().lower(), '"off"')
+
+    @property
+    def engine_cuda_graphs(self) -> bool:
+        """``cuda_graphs`` as the engine takes it."""
+        value = self.cuda_graphs.strip().lower()
+        if value not in ("on", "off"):
+            raise SettingsError('cuda_graphs must be "on" or "off"')
+        return value == "on"
+
+    @property
+    def engine_cuda_graph_sizes(self) -> tuple[int, ...] | None:
+        """``cuda_graph_sizes`` as the engine takes it: increasing, without repeats."""
+        if self.cuda_graph_sizes is None or not self.cuda_graph_sizes.strip():
+            return None
+        try:
+            sizes = {int(part) for part in self.cuda_graph_sizes.split(",")}
+        except ValueError:
+            raise SettingsError("cuda_graph_sizes must be comma-separated batch sizes") from None
+        return tuple(sorted(sizes))
 
     @property
     def resolved_device(self) -> str:

@@ -1,12 +1,15 @@
 """Paged attention on CUDA with FlashInfer, over the shared page table of ``metadata.py``.
 
 ``build_plan_args`` turns a step's metadata into the kernels' plan arguments (pure, CPU-testable);
-``FlashInferAttentionBackend`` plans once per step and runs once per layer.
+``FlashInferAttentionBackend`` plans once per step and runs once per layer. For decode steps
+replayed from CUDA graphs (``engine/cuda_graphs.py``) it also keeps one decode wrapper per
+graph's batch size in FlashInfer's CUDA-graph mode, over buffers whose addresses never change.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import ModuleType
@@ -30,9 +33,24 @@ class PagedWrapper(Protocol):
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True, slots=True)
+class FixedTable:
+    """The page table a CUDA-graph decode wrapper plans into: its kernels read these addresses
+    on every replay, so ``plan`` copies each step's table into them."""
+
+    kv_indptr: torch.Tensor  # [batch + 1] int32, device
+    kv_indices: torch.Tensor  # [capacity] int32, device (shared by every batch size)
+    kv_last_page_len: torch.Tensor  # [batch] int32, device
+
+
 class WrapperFactory(Protocol):
     def __call__(
-        self, kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool, kernel: str
+        self,
+        kind: WrapperKind,
+        workspace: torch.Tensor,
+        use_tensor_cores: bool,
+        kernel: str,
+        fixed: FixedTable | None = None,
     ) -> PagedWrapper: ...
 
 
@@ -165,9 +183,14 @@ def load_flashinfer() -> ModuleType:
 
 
 def flashinfer_wrapper(
-    kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool, kernel: str
+    kind: WrapperKind,
+    workspace: torch.Tensor,
+    use_tensor_cores: bool,
+    kernel: str,
+    fixed: FixedTable | None = None,
 ) -> PagedWrapper:
-    """A FlashInfer wrapper; ``kernel`` is the prefill backend (``PREFILL_KERNELS``).
+    """A FlashInfer wrapper; ``kernel`` is the prefill backend (``PREFILL_KERNELS``). A decode
+    wrapper given a ``fixed`` table runs in FlashInfer's CUDA-graph mode, for that batch size.
 
     The decode wrapper is pinned to FA2 (tensor-core or plain decode kernel): its ``auto`` may
     switch to cuDNN when cudnn-frontend happens to be installed, a kernel nobody tested here.
@@ -177,9 +200,20 @@ def flashinfer_wrapper(
         wrapper: PagedWrapper = fi.BatchPrefillWithPagedKVCacheWrapper(
             workspace, kv_layout="NHD", backend=kernel
         )
-    else:
+    elif fixed is None:
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
             workspace, kv_layout="NHD", use_tensor_cores=use_tensor_cores, backend="fa2"
+        )
+    else:
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+            workspace,
+            kv_layout="NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=fixed.kv_indptr,
+            paged_kv_indices_buffer=fixed.kv_indices,
+            paged_kv_last_page_len_buffer=fixed.kv_last_page_len,
+            backend="fa2",
         )
     return wrapper
 
@@ -204,6 +238,10 @@ class FlashInferAttentionBackend(AttentionBackend):
     They are allocated fresh (pinned) every step and held until the next ``plan``, never refilled
     in place, so an in-flight copy cannot read the next step's values; torch's pinned allocator
     only recycles a block after the copies recorded on it have finished.
+
+    Graph decodes (``fix_decode_sizes``, then ``plan_fixed`` each step): one CUDA-graph decode
+    wrapper per batch size, all over one fixed page table, and each token's K/V rows written
+    into fixed buffers too, so a graph captured over ``forward`` reads this step's values.
     """
 
     name = "flashinfer"
@@ -244,7 +282,75 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._decode = (
             factory("decode", workspace, tensor_cores, "fa2") if use_decode_kernel else None
         )
+        self._tensor_cores = tensor_cores
+        self._factory = wrapper_factory
         self._step: _Step | None = None
+        self._fixed: dict[int, PagedWrapper] = {}  # graph decode wrappers, by batch size
+        self._fixed_indices = torch.empty(0, dtype=torch.int32, device=self.device)
+        self._fixed_rows = torch.empty(2, 0, dtype=torch.long, device=self.device)
+
+    @property
+    def fixed_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self._fixed))
+
+    def fix_decode_sizes(self, sizes: Sequence[int], max_pages: int) -> None:
+        """Make one CUDA-graph decode wrapper per batch size in ``sizes``, over one fixed page
+        table holding up to ``max_pages`` page ids; a step's table must fit it."""
+        if self._decode is None:
+            raise ValueError("graph decodes need the decode kernel (use_decode_kernel=True)")
+        if not sizes or min(sizes) < 1 or max_pages < max(sizes):
+            raise ValueError(f"bad graph decode sizes {list(sizes)} for {max_pages} pages")
+        largest, device = max(sizes), self.device
+        indptr = torch.zeros(largest + 1, dtype=torch.int32, device=device)
+        last = torch.ones(largest, dtype=torch.int32, device=device)
+        self._fixed_indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
+        self._fixed_rows = torch.zeros(2, largest, dtype=torch.long, device=device)
+        self._fixed = {
+            n: self._factory(
+                "decode",
+                self._workspace,
+                self._tensor_cores,
+                "fa2",
+                FixedTable(indptr[: n + 1], self._fixed_indices, last[:n]),
+            )
+            for n in sorted(set(sizes))
+        }
+
+    def plan_fixed(self, meta: AttentionMetadata) -> None:
+        """``plan`` for a decode-only step of one of the fixed batch sizes: the page table goes
+        into the fixed buffers of that size's wrapper, and the K/V rows into fixed rows."""
+        self._step = None
+        wrapper = self._fixed.get(meta.num_seqs)
+        if wrapper is None or not meta.is_decode_only:
+            raise ValueError(
+                f"no graph decode wrapper for {meta.num_seqs} rows "
+                f"(sizes {self.fixed_sizes}, decode only: {meta.is_decode_only})"
+            )
+        if meta.page_size != self.page_size:
+            raise ValueError(f"metadata page_size {meta.page_size} != backend {self.page_size}")
+        args = build_plan_args(
+            meta, device=self.device, num_pages=self.num_pages, pin_memory=self._pin_memory
+        )
+        if args.kv_indices.shape[0] > self._fixed_indices.shape[0]:
+            raise ValueError(
+                f"{args.kv_indices.shape[0]} pages exceed the fixed page table's "
+                f"{self._fixed_indices.shape[0]}"
+            )
+        wrapper.plan(
+            args.kv_indptr, args.kv_indices, args.kv_last_page_len, self.num_q_heads,
+            self.num_kv_heads, self.head_dim, self.page_size,
+            q_data_type=self.dtype, kv_data_type=self.dtype,
+        )  # fmt: skip
+        slots = meta.slot_mapping.to(self.device)
+        k_rows, v_rows = (
+            self._fixed_rows[0, : args.num_tokens],
+            self._fixed_rows[1, : args.num_tokens],
+        )
+        # The flat row of slot s's K is s + (s // P) * P (see ``plan``); V's is P further.
+        torch.div(slots, self.page_size, rounding_mode="floor", out=k_rows)
+        k_rows.mul_(self.page_size).add_(slots)
+        torch.add(k_rows, self.page_size, out=v_rows)
+        self._step = _Step(args, wrapper, k_rows, v_rows)
 
     def plan(self, meta: AttentionMetadata) -> None:
         # A plan that fails half-way must not leave the previous step's plan runnable: forward

@@ -287,11 +287,14 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],  # per layer [num_pages, 2, page_size, kv_heads, head_dim]
         logits_indices: torch.Tensor,  # [num_logits] int64
         lora: LoraStep | None = None,  # the step's LoRA adapters; None when no row has one
+        plan: bool = True,
     ) -> torch.Tensor:  # [num_logits, vocab] float32
-        """Run one step; plans the backend for ``meta`` first, then writes K/V per layer."""
+        """Run one step; plans the backend for ``meta`` first (unless ``plan`` is False: the
+        caller planned it, as a CUDA graph's replay needs), then writes K/V per layer."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"need {len(self.layers)} KV caches, got {len(kv_caches)}")
-        backend.plan(meta)
+        if plan:
+            backend.plan(meta)
         # Gathered once per step, shared by every layer: [num_tokens, 1, head_dim] each.
         rope = RopeTables(
             self.rope_cos.index_select(0, positions).unsqueeze(1),

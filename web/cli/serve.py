@@ -194,6 +194,22 @@ def register(subparsers: Any) -> None:
         "(default)",
     )
     parser.add_argument(
+        "--cuda-graphs",
+        dest="cuda_graphs",
+        default=None,
+        choices=["on", "off"],
+        help="CUDA only: replay decode-only steps from graphs captured at start (default on); "
+        "not applicable with --device cpu",
+    )
+    parser.add_argument(
+        "--cuda-graph-sizes",
+        dest="cuda_graph_sizes",
+        default=None,
+        metavar="N,N,...",
+        help="CUDA only: the batch sizes captured; a step pads to the next one (default 1,2,4,8, "
+        "then every 8 up to max_num_seqs)",
+    )
+    parser.add_argument(
         "--kv-cache-bytes",
         dest="kv_cache_bytes",
         type=int,

@@ -44,6 +44,8 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         max_loras=settings.max_loras,
         max_lora_rank=settings.max_lora_rank,
         prefill_kernel=settings.prefill_kernel,
+        cuda_graphs=settings.engine_cuda_graphs,
+        cuda_graph_sizes=settings.engine_cuda_graph_sizes,
         dtype=settings.resolved_dtype,
         device=settings.resolved_device,
     )

@@ -25,6 +25,7 @@ def test_the_summary_gathers_every_stage(tmp_path: Path) -> None:
     decode = [
         {"batch": b, "tok_per_s": 10.0 * b, "step_ms": 5.0, "bandwidth_util": 0.5} for b in (1, 32)
     ]
+    decode[1]["graph_step_ms"] = 1.234
     bench = {"device_name": "H200", "prefill": {"tok_per_s": 9e4, "mfu": 0.41}, "decode": decode}
     (tmp_path / "gpu_bench_flashinfer.json").write_text(json.dumps(bench))
     (tmp_path / "serve.json").write_text(
@@ -49,6 +50,8 @@ def test_the_summary_gathers_every_stage(tmp_path: Path) -> None:
     assert summary["tests"]["failed"] == ["t::bad"] and summary["tests"]["tests"] == 3
     assert summary["bench"]["flashinfer"]["prefill_mfu"] == 0.41
     assert summary["bench"]["flashinfer"]["decode"]["32"]["tok_per_s"] == 320
+    assert summary["bench"]["flashinfer"]["decode"]["32"]["graph_step_ms"] == 1.23
+    assert summary["bench"]["flashinfer"]["decode"]["1"]["graph_step_ms"] is None
     assert summary["bench"]["torch"] is None
 
 

@@ -54,6 +54,16 @@ def recorded_calls() -> list[tuple[str, str, tuple[Any, ...], dict[str, Any]]]:
         for kind, wrapper in kernels.made.items():
             for method, made in wrapper.calls.items():
                 calls += [(kind, method, args, kwargs) for args, kwargs in made]
+    # CUDA-graph decode wrappers over fixed buffers, planned for a padded step.
+    kernels = Kernels()
+    backend = FlashInferAttentionBackend(
+        4, 2, D, PAGE, torch.float32, "cpu", workspace_bytes=64, wrapper_factory=kernels
+    )
+    backend.fix_decode_sizes([1, 2], 8)
+    backend.plan_fixed(meta_for([SeqSlice([0, 1], 5, 1), SeqSlice([2], 0, 1)]))
+    for wrapper in kernels.fixed.values():
+        for method, made in wrapper.calls.items():
+            calls += [("decode", method, args, kwargs) for args, kwargs in made]
     return calls
 
 

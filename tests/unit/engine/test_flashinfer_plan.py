@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engine.attention.flashinfer_backend import (
+    FixedTable,
     FlashInferAttentionBackend,
     PagedWrapper,
     WrapperKind,
@@ -44,10 +45,16 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 class ReferenceWrapper:
     """Records its constructor, plan and run calls; ``run`` attends over pages from the planned
-    host arguments. ``calls`` feeds the signature check against the real FlashInfer."""
+    host arguments. ``calls`` feeds the signature check against the real FlashInfer. Given a
+    ``fixed`` table it acts as FlashInfer's CUDA-graph mode: ``plan`` copies the table into the
+    fixed buffers (its batch size must be theirs) and ``run`` reads the buffers alone, as a
+    replayed graph would."""
 
-    def __init__(self, kind: WrapperKind, constructor: Call) -> None:
+    def __init__(
+        self, kind: WrapperKind, constructor: Call, fixed: FixedTable | None = None
+    ) -> None:
         self.kind = kind
+        self.fixed = fixed
         self.calls: dict[str, list[Call]] = {"__init__": [constructor], "plan": [], "run": []}
         self.plans: list[Call] = []
         self.runs = 0
@@ -59,12 +66,22 @@ class ReferenceWrapper:
             self.fail_next_plan = False
             raise RuntimeError("plan failed")
         self.plans.append((args, kwargs))
+        if self.fixed is not None:
+            indptr, indices, last = args[:3]
+            assert last.shape == self.fixed.kv_last_page_len.shape  # the size is fixed
+            self.fixed.kv_indptr.copy_(indptr)
+            self.fixed.kv_last_page_len.copy_(last)
+            self.fixed.kv_indices[: len(indices)].copy_(indices)
 
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor) -> torch.Tensor:
         self.calls["run"].append(((q, paged_kv_cache), {}))
         self.runs += 1
         args, kwargs = self.plans[-1]
-        if self.kind == "prefill":
+        if self.fixed is not None:
+            kv_indptr, indices = self.fixed.kv_indptr, self.fixed.kv_indices
+            last = self.fixed.kv_last_page_len
+            qo = torch.arange(len(last) + 1, dtype=torch.int32)
+        elif self.kind == "prefill":
             qo, kv_indptr, indices, last = args[:4]
             assert kwargs["causal"] is True
         else:
@@ -97,13 +114,29 @@ class Kernels:
 
     def __init__(self) -> None:
         self.made: dict[str, ReferenceWrapper] = {}
+        self.fixed: dict[int, ReferenceWrapper] = {}  # CUDA-graph decode wrappers, by size
 
     def __call__(
-        self, kind: WrapperKind, workspace: torch.Tensor, use_tensor_cores: bool, kernel: str
+        self,
+        kind: WrapperKind,
+        workspace: torch.Tensor,
+        use_tensor_cores: bool,
+        kernel: str,
+        fixed: FixedTable | None = None,
     ) -> PagedWrapper:
         kwargs: dict[str, Any] = {"kv_layout": "NHD", "backend": kernel}
         if kind == "decode":
             kwargs["use_tensor_cores"] = use_tensor_cores
+        if fixed is not None:
+            kwargs |= {
+                "use_cuda_graph": True,
+                "paged_kv_indptr_buffer": fixed.kv_indptr,
+                "paged_kv_indices_buffer": fixed.kv_indices,
+                "paged_kv_last_page_len_buffer": fixed.kv_last_page_len,
+            }
+            wrapper = ReferenceWrapper(kind, ((workspace,), kwargs), fixed)
+            self.fixed[len(fixed.kv_last_page_len)] = wrapper
+            return wrapper
         self.made[kind] = ReferenceWrapper(kind, ((workspace,), kwargs))
         return self.made[kind]
 

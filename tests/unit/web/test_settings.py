@@ -215,3 +215,21 @@ def test_prefill_kernel_comes_from_its_twin_and_is_checked_by_the_engine_config_
         Settings.load(environ={"ATRIUM_PREFILL_KERNEL": "fa4"})
     with pytest.raises(ValueError, match="prefill_kernel"):
         EngineConfig(prefill_kernel="fa4")
+
+
+def test_cuda_graphs_are_on_by_default_and_reach_the_engine_config() -> None:
+    default = Settings.load(environ={})
+    assert default.engine_cuda_graphs is True and default.engine_cuda_graph_sizes is None
+    off = Settings.load(environ={"ATRIUM_CUDA_GRAPHS": "off", "ATRIUM_CUDA_GRAPH_SIZES": "8,1,2"})
+    assert off.engine_cuda_graphs is False and off.engine_cuda_graph_sizes == (1, 2, 8)
+    args = build_parser().parse_args(["serve", "--cuda-graphs", "off", "--cuda-graph-sizes", "4"])
+    assert (args.cuda_graphs, args.cuda_graph_sizes) == ("off", "4")
+    flags = Settings.load({"cuda_graphs": args.cuda_graphs}, environ={})
+    assert flags.engine_cuda_graphs is False
+    for bad in ({"ATRIUM_CUDA_GRAPHS": "maybe"}, {"ATRIUM_CUDA_GRAPH_SIZES": "1,x"}):
+        with pytest.raises(SettingsError, match="cuda_graph"):
+            Settings.load(environ=bad)
+    with pytest.raises(SettingsError, match="1 to max_num_seqs"):
+        Settings.load(environ={"ATRIUM_CUDA_GRAPH_SIZES": "128", "ATRIUM_MAX_NUM_SEQS": "64"})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--cuda-graphs", "yes"])
