@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: serve test lint chromium typecheck unit venv bench bench-compare gpu-bundle gpu-check gpu-dry-run clean
+.PHONY: serve test lint chromium typecheck unit venv bench bench-compare bench-goodput gpu-bundle gpu-check gpu-dry-run clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,9 @@ $(VLLM_VENV)/.installed:
 
 bench-compare: $(STAMP) $(VLLM_VENV)/.installed
 	$(PY) -m bench.serve_compare
+
+bench-goodput: $(STAMP) $(VLLM_VENV)/.installed
+	$(PY) -m bench.goodput
 
 # The GPU check's offline bundle (needs PyPI), the check itself on a GPU machine, and its CPU dry run.
 gpu-bundle: $(STAMP)

@@ -15,12 +15,13 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pydoc_data.topics import topics
 from typing import Any
 
 import httpx
 
-from bench.loadgen import Target, run_workers, stream_request
+from bench.loadgen import Target, run_scheduled, run_workers, stream_request
 from bench.metrics import RequestRecord
 
 INSTRUCTIONS = (
@@ -35,6 +36,7 @@ FOLLOW_UPS = (
     "Say that again more simply.",
     "What should I read about next?",
 )
+FOLLOW_UP_FRACTION = 1 / 3  # of conversations with a second turn
 SYSTEM = (
     "You are the documentation assistant of team {tenant}. Answer briefly and precisely, and say "
     "so when the documentation does not cover a question. The team's style notes follow.\n\n{notes}"
@@ -78,7 +80,7 @@ def conversations(
     num_conversations: int,
     seed: int,
     max_tokens: int = 128,
-    follow_up_fraction: float = 1 / 3,
+    follow_up_fraction: float = FOLLOW_UP_FRACTION,
     sampled_fraction: float = 0.5,
 ) -> list[Conversation]:
     """``num_conversations`` conversations spread over ``num_tenants`` tenants (t0, t1, ...),
@@ -127,31 +129,44 @@ def chat_body(
     return body
 
 
+async def converse(
+    target: Target, client: httpx.AsyncClient, conversation: Conversation, stop_at: float
+) -> list[RequestRecord]:
+    """The conversation's turns in order, each sent as soon as the answer before it has
+    arrived and carrying it; stops at the first failed turn."""
+    records: list[RequestRecord] = []
+    answers: list[str] = []
+    for turn in range(len(conversation.turns)):
+        texts: list[str] = []
+        body = chat_body(target, conversation, answers, turn)
+        path = "/v1/chat/completions"
+        record = await stream_request(
+            client, target, conversation.tenant, path, body, texts, stop_at
+        )
+        records.append(record)
+        if not record.ok:
+            break
+        answers.append("".join(texts))
+    return records
+
+
 async def run_conversations(
     target: Target,
     items: Sequence[Conversation],
     concurrency: int,
     deadline_s: float = 600.0,
 ) -> list[RequestRecord]:
-    """Keep ``concurrency`` conversations going until the list is done or the deadline passes;
-    a conversation's next turn is sent as soon as its answer has arrived."""
+    """Keep ``concurrency`` conversations going until the list is done or the deadline passes
+    (a closed loop)."""
+    return await run_workers(items, partial(converse, target), concurrency, deadline_s)
 
-    async def converse(
-        client: httpx.AsyncClient, conversation: Conversation, stop_at: float
-    ) -> list[RequestRecord]:
-        records: list[RequestRecord] = []
-        answers: list[str] = []
-        for turn in range(len(conversation.turns)):
-            texts: list[str] = []
-            body = chat_body(target, conversation, answers, turn)
-            path = "/v1/chat/completions"
-            record = await stream_request(
-                client, target, conversation.tenant, path, body, texts, stop_at
-            )
-            records.append(record)
-            if not record.ok:
-                break
-            answers.append("".join(texts))
-        return records
 
-    return await run_workers(items, converse, concurrency, deadline_s)
+async def run_open_loop(
+    target: Target,
+    items: Sequence[Conversation],
+    offsets: Sequence[float],
+    deadline_s: float,
+) -> list[RequestRecord]:
+    """Start each conversation at its offset (seconds from the start) however many are still
+    running (an open loop); whatever runs at ``deadline_s`` is cut off."""
+    return await run_scheduled(items, offsets, partial(converse, target), deadline_s)

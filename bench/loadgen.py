@@ -1,7 +1,8 @@
 """An async OpenAI-compatible load generator: streaming /v1/completions over httpx, loopback only.
 
-Arrivals at a fixed concurrency (closed loop) or a Poisson rate (open loop); every run is bounded
-by its request list and a deadline. Each request becomes a ``RequestRecord`` with chunk times.
+Arrivals at a fixed concurrency (closed loop), or at a Poisson rate or given times (open loop);
+every run is bounded by its request list and a deadline. Each request becomes a
+``RequestRecord`` with chunk times.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -179,6 +180,48 @@ async def run_workers(
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
+
+
+def poisson_offsets(rate: float, duration_s: float, seed: int) -> list[float]:
+    """Arrival times in ``[0, duration_s)`` of a Poisson process of ``rate`` per second: gaps
+    drawn from ``random.Random(seed)``, so a seed gives the same schedule on every run."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    rng = random.Random(seed)
+    out: list[float] = []
+    at = rng.expovariate(rate)
+    while at < duration_s:
+        out.append(at)
+        at += rng.expovariate(rate)
+    return out
+
+
+async def run_scheduled(
+    items: Sequence[Item],
+    offsets: Sequence[float],
+    handle: Callable[[httpx.AsyncClient, Item, float], Coroutine[Any, Any, list[RequestRecord]]],
+    deadline_s: float,
+    max_connections: int = 256,
+) -> list[RequestRecord]:
+    """Start ``handle(client, item, stop_at)`` for each item at its offset (ascending seconds
+    from the start), whatever is still running: an open loop. Nothing starts after, and
+    ``handle`` cuts off what runs at, ``deadline_s``. Past ``max_connections`` at once a request
+    waits for a connection, on its own clock. Records come in the items' order."""
+    if len(items) != len(offsets):
+        raise ValueError("one offset per item")
+    async with client_for(deadline_s, max_connections) as client:
+        start = time.perf_counter()  # once the client is built: the schedule's own time
+        stop_at = start + deadline_s
+        tasks: list[asyncio.Task[list[RequestRecord]]] = []
+        for item, offset in zip(items, offsets, strict=True):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if time.perf_counter() >= stop_at:
+                break
+            tasks.append(asyncio.create_task(handle(client, item, stop_at)))
+        runs = await asyncio.gather(*tasks)
+    return [record for records in runs for record in records]
 
 
 async def run_poisson(

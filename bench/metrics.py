@@ -1,4 +1,5 @@
-"""Latency and fairness arithmetic: percentiles, per-request timings, Jain's index, shares."""
+"""Latency and fairness arithmetic: percentiles, per-request timings, latency objectives met,
+Jain's index, shares."""
 
 from __future__ import annotations
 
@@ -108,6 +109,45 @@ def latency_summary(records: Sequence[RequestRecord]) -> dict[str, object]:
         "tpot_s": summarize(tpots),
         "itl_s": summarize(itls),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """A per-request latency objective: the first token within ``ttft_s``, then the rest at
+    ``tpot_s`` per token or faster on average."""
+
+    ttft_s: float
+    tpot_s: float
+
+    @property
+    def name(self) -> str:
+        return f"ttft{self.ttft_s:g}s_tpot{self.tpot_s * 1000:g}ms"
+
+    def met_by(self, record: RequestRecord) -> bool:
+        """A failed or cut-off request misses; a one-token answer has no TPOT to miss."""
+        if not record.ok or record.ttft > self.ttft_s:
+            return False
+        tpot = record.tpot
+        return math.isnan(tpot) or tpot <= self.tpot_s
+
+
+def attainment(records: Sequence[RequestRecord], slo: Slo) -> float:
+    """The fraction of ``records`` that meet ``slo`` (NaN when there are none)."""
+    if not records:
+        return math.nan
+    return sum(slo.met_by(r) for r in records) / len(records)
+
+
+def highest_sustained_rate(by_rate: Mapping[float, float], target: float) -> float | None:
+    """The highest measured rate at which it and every lower measured rate reached ``target``
+    (an attainment); None when the lowest did not. No interpolation between measured rates; a
+    pass above a failed rate is the machine's noise, not capacity."""
+    best = None
+    for rate in sorted(by_rate):
+        if not by_rate[rate] >= target:  # NaN (nothing sent) does not pass
+            break
+        best = rate
+    return best
 
 
 def backlogged_shares(

@@ -97,3 +97,35 @@ def stacked_service(
     ax.set_ylabel("tokens per bin")
     ax.legend(loc="upper right", fontsize="small")
     return _save(fig, path)
+
+
+def curves(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    path: Path,
+    hline: float | None = None,
+    log_x: bool = False,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """One line with markers per series, each over its own x values; optionally a dashed
+    horizontal line (a target), a logarithmic x axis (a geometric sweep) and fixed y limits."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), marker="o", label=name)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linestyle="--", linewidth=1, label=f"target {hline:g}")
+    if log_x:
+        ax.set_xscale("log", base=2)
+        ticks = sorted({x for xs, _ in series.values() for x in xs})
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize="small")
+    return _save(fig, path)

@@ -20,40 +20,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging, ratio
-from bench.loadgen import RequestSpec, Target, run_closed_loop
+from bench.common import emit, machine_info, quiet_logging, ratio
 from bench.serve_plots import draw_plots
 from bench.serve_suite import SuiteConfig, run_suite
-from bench.servers import (
-    Server,
-    atrium_env,
-    create_tenant_keys,
-    export_model,
-    start_atrium,
-    start_vllm,
-    stop,
-    wait_ready,
-)
+from bench.served import add_server_args, resolve_model, serving
 from bench.text_workloads import TextShape, word_vocab
-from engine.device import dtype_name, resolve_dtype
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(parser)
     add = parser.add_argument
-    add(
-        "--servers",
-        nargs="+",
-        default=["atrium", "vllm"],
-        choices=["atrium", "vllm", "atrium-nodrafts"],
-    )
     add("--workloads", nargs="+", default=["realistic", "synthetic"])
     add("--realistic-concurrency", type=int, nargs="+", default=[8, 32])
     add("--realistic-max-tokens", type=int, default=128)
@@ -72,61 +52,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--flood-concurrency", type=int, default=4, help="each normal tenant's; t0 has ×factor")
     add("--deadline", type=float, default=300.0, help="seconds per run at most")
     add("--rounds", type=int, default=1, help="times the servers take turns (ratios: medians)")
-    add(
-        "--dtype",
-        default="auto",
-        choices=["auto", "bfloat16", "float32"],
-        help="both servers'; auto: what `atrium serve` picks on this machine",
-    )
-    add(
-        "--model-dir",
-        type=Path,
-        default=None,
-        help="a Hugging Face export both serve (default: the default model exported in --dtype, "
-        "bench/out/smollm2-hf-DTYPE)",
-    )
-    add("--vllm-python", type=Path, default=Path("bench/.vllm-venv/bin/python"))
-    add("--atrium-port", type=int, default=8311)
-    add("--vllm-port", type=int, default=8312)
-    add("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     return parser.parse_args(argv)
-
-
-def _warm_up(target: Target, tenant: str) -> None:
-    asyncio.run(run_closed_loop(target, [RequestSpec(tenant, " hello world" * 8, 4)], 1, 300))
 
 
 def run_server(name: str, args: argparse.Namespace, config: SuiteConfig) -> dict[str, Any]:
     """Start one server, run the suite against it, stop it."""
     tenants = [f"t{i}" for i in range(max(args.tenants, 4))]
-    extra = {"ignore_eos": True}
-    server: Server | None = None
-    with tempfile.TemporaryDirectory(prefix="atrium-bench-") as tmp:
-        log_dir = args.out_dir / "logs"
-        started = time.perf_counter()
-        if name.startswith("atrium"):
-            env = atrium_env(Path(tmp))
-            if name == "atrium-nodrafts":
-                env["ATRIUM_SPECULATIVE_TOKENS"] = "0"
-            keys = create_tenant_keys(tenants, env)
-            server = start_atrium(
-                args.model_dir, args.atrium_port, Path(tmp), log_dir, args.dtype, env
-            )
-            wait_ready(server, "/readyz", 600)
-            target = Target(server.base_url, args.model_dir.name, keys, extra)
-        else:
-            server = start_vllm(
-                args.vllm_python, args.model_dir, args.vllm_port, log_dir, args.dtype
-            )
-            wait_ready(server, "/health", 900)
-            target = Target(server.base_url, "smollm2", {}, extra)
-        startup_s = time.perf_counter() - started
-        try:
-            _warm_up(target, tenants[0])
-            result = asyncio.run(run_suite(target, config))
-        finally:
-            stop(server)
-    return {"startup_s": startup_s, **result}
+    with serving(name, args, tenants, {"ignore_eos": True}) as served:
+        result = asyncio.run(run_suite(served.target, config))
+    return {"startup_s": served.startup_s, **result}
 
 
 def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -182,11 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
-    if args.dtype == "auto":
-        args.dtype = dtype_name(resolve_dtype("auto", torch.device("cpu")))
     quiet_logging()
-    if args.model_dir is None:
-        args.model_dir = export_model(DEFAULT_OUT_DIR / f"smollm2-hf-{args.dtype}", args.dtype)
+    resolve_model(args)
     words = word_vocab(args.model_dir / "tokenizer.json")
     shape = TextShape(
         args.tenants, args.groups, args.prompts, args.system_len, args.question_len, args.output_len
@@ -215,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     results = rounds[0]  # every number of the first round, for the plots
     report: dict[str, Any] = {
         "shape": repr(shape),
+        "machine": machine_info(),
         "dtype": args.dtype,
         "servers": results,
         "atrium_over_vllm": (

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
 
-from bench.chat_workload import chat_body, conversations, passages, run_conversations
+from bench.chat_workload import (
+    Conversation,
+    chat_body,
+    conversations,
+    passages,
+    run_conversations,
+    run_open_loop,
+)
 from bench.loadgen import Target
 
 
@@ -47,10 +55,10 @@ def test_a_follow_up_carries_the_first_answer_and_nothing_ignores_eos() -> None:
     assert "ignore_eos" not in body and body["stream"] is True
 
 
-def test_conversations_run_turn_after_turn_over_chat_completions(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    seen: list[dict[str, object]] = []
+def mock_chat(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Answer every chat completion with one chunk naming its message count; returns the bodies
+    as they arrive."""
+    seen: list[dict[str, Any]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -70,13 +78,46 @@ def test_conversations_run_turn_after_turn_over_chat_completions(
         return real_client(transport=httpx.MockTransport(handler))
 
     monkeypatch.setattr("bench.loadgen.httpx.AsyncClient", client)
+    return seen
+
+
+def check_follow_ups(seen: list[dict[str, Any]], items: list[Conversation]) -> None:
+    follow_ups = [b for b in seen if len(b["messages"]) == 4]
+    assert len(follow_ups) == sum(len(c.turns) == 2 for c in items)
+    for body in follow_ups:
+        assert body["messages"][2] == {"role": "assistant", "content": "answer 2"}
+
+
+def test_conversations_run_turn_after_turn_over_chat_completions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = mock_chat(monkeypatch)
     items = conversations(2, 12, seed=5)
     target = Target("http://127.0.0.1:9", "m")
 
     records = asyncio.run(run_conversations(target, items, concurrency=3))
     assert len(records) == sum(len(c.turns) for c in items)
     assert all(r.ok and r.completion_tokens == 1 for r in records)
-    follow_ups = [b for b in seen if len(b["messages"]) == 4]  # type: ignore[arg-type]
-    assert len(follow_ups) == sum(len(c.turns) == 2 for c in items)
-    for body in follow_ups:
-        assert body["messages"][2] == {"role": "assistant", "content": "answer 2"}  # type: ignore[index]
+    check_follow_ups(seen, items)
+
+
+def test_an_open_loop_starts_each_conversation_at_its_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = mock_chat(monkeypatch)
+    items = conversations(2, 8, seed=6)
+    offsets = [0.02 * i for i in range(len(items))]
+    target = Target("http://127.0.0.1:9", "m")
+
+    records = asyncio.run(run_open_loop(target, items, offsets, deadline_s=30.0))
+    assert len(records) == sum(len(c.turns) for c in items)
+    assert all(r.ok for r in records)
+    check_follow_ups(seen, items)
+    # Records come in the schedule's order, a conversation's turns together; each
+    # conversation's first turn leaves at its offset.
+    firsts, i = [], 0
+    for item in items:
+        firsts.append(records[i].sent_at)
+        i += len(item.turns)
+    for at, offset in zip(firsts, offsets, strict=True):
+        assert at - firsts[0] == pytest.approx(offset, abs=0.04)

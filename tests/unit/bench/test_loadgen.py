@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,10 +15,13 @@ import pytest
 from bench.loadgen import (
     RequestSpec,
     Target,
+    poisson_offsets,
     run_chat_sessions,
     run_closed_loop,
     run_per_tenant,
     run_poisson,
+    run_scheduled,
+    send,
 )
 
 
@@ -151,3 +156,35 @@ def test_requests_running_at_the_deadline_are_cut_off_and_recorded() -> None:
         assert seconds < 1.5
         assert records and all(r.error is not None and "deadline" in r.error for r in records)
         assert any(0 < len(r.token_times) < 400 for r in records)  # what had arrived is kept
+
+
+def test_a_seed_gives_the_same_poisson_schedule_every_time() -> None:
+    offsets = poisson_offsets(2.0, 600.0, seed=7)
+    assert offsets == poisson_offsets(2.0, 600.0, seed=7)
+    assert offsets != poisson_offsets(2.0, 600.0, seed=8)
+    assert offsets == sorted(offsets) and offsets[0] > 0 and offsets[-1] < 600.0
+    assert len(offsets) == pytest.approx(1200, rel=0.1)  # the rate, over a long window
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert statistics.mean(gaps) == pytest.approx(0.5, rel=0.1)
+    assert statistics.stdev(gaps) == pytest.approx(0.5, rel=0.15)  # exponential: sd = mean
+    with pytest.raises(ValueError, match="positive"):
+        poisson_offsets(0.0, 10.0, seed=1)
+
+
+def test_a_schedule_sends_at_its_times_without_waiting_for_answers() -> None:
+    """Requests of 40 tokens take ~0.2 s each; sent every 0.05 s, several are soon in flight."""
+    offsets = [0.05 * i for i in range(6)]
+    specs = [RequestSpec("t0", "a b", 40) for _ in offsets]
+
+    def run(target: Target) -> Awaitable[list[Any]]:
+        async def one(client: Any, spec: RequestSpec, stop_at: float) -> list[Any]:
+            return [await send(client, target, spec, stop_at=stop_at)]
+
+        return run_scheduled(specs, offsets, one, 30.0)
+
+    records, fake = serve(lambda t, _: run(t), {})
+    assert len(records) == 6 and all(r.ok for r in records)
+    sent = sorted(r.sent_at for r in records)
+    for at, offset in zip(sent, offsets, strict=True):
+        assert at - sent[0] == pytest.approx(offset, abs=0.04)
+    assert fake.max_in_flight >= 3

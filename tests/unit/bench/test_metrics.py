@@ -1,4 +1,5 @@
-"""Percentiles, per-request timings, Jain's index and per-tenant shares on synthetic timings."""
+"""Percentiles, per-request timings, objectives met, Jain's index and per-tenant shares on
+synthetic timings."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import pytest
 
 from bench.metrics import (
     RequestRecord,
+    Slo,
+    attainment,
     backlogged_shares,
+    highest_sustained_rate,
     jain_index,
     latency_summary,
     percentile,
@@ -101,3 +105,42 @@ def test_service_over_time_bins_tokens_per_tenant() -> None:
     assert tokens == {"a": [2, 1, 0], "b": [0, 0, 1]}
     with pytest.raises(ValueError):
         service_over_time([a], 0.0)
+
+
+def answer(ttft: float, tpot: float, tokens: int, error: str | None = None) -> RequestRecord:
+    """A request sent at 0 whose ``tokens`` tokens arrive one per chunk."""
+    times = [ttft + i * tpot for i in range(tokens)]
+    return RequestRecord("a", 0.0, times, times[-1], 10, 0, tokens, error)
+
+
+def test_a_request_meets_an_slo_only_within_both_limits() -> None:
+    slo = Slo(ttft_s=2.0, tpot_s=0.2)
+    assert slo.name == "ttft2s_tpot200ms" and Slo(1.0, 0.1).name == "ttft1s_tpot100ms"
+    assert slo.met_by(answer(2.0, 0.2, 50))  # both limits are inclusive
+    assert not slo.met_by(answer(2.01, 0.05, 50))  # first token late
+    assert not slo.met_by(answer(0.1, 0.21, 50))  # the rest too slow
+    # One token: nothing after the first to be slow, only TTFT counts.
+    assert slo.met_by(answer(1.5, 0.0, 1)) and not slo.met_by(answer(2.5, 0.0, 1))
+    # Failed or cut off at the deadline: missed whatever had arrived in time.
+    assert not slo.met_by(answer(0.1, 0.01, 20, error="deadline: cut off"))
+    assert not slo.met_by(RequestRecord("a", 0.0, error="HTTP 500"))
+
+
+def test_attainment_is_the_fraction_meeting_with_errors_in_the_count() -> None:
+    slo = Slo(1.0, 0.1)
+    records = [answer(0.5, 0.05, 10)] * 7 + [answer(1.5, 0.05, 10), answer(0.5, 0.5, 10)]
+    records.append(RequestRecord("a", 0.0, error="HTTP 429"))
+    assert attainment(records, slo) == pytest.approx(0.7)
+    assert attainment(records, Slo(2.0, 1.0)) == pytest.approx(0.9)
+    assert math.isnan(attainment([], slo))
+
+
+def test_the_highest_sustained_rate_stops_at_the_first_rate_that_fails() -> None:
+    # Given out of order; 3.0 passing above a failed 2.0 is noise, not capacity.
+    by_rate = {3.0: 0.95, 0.5: 1.0, 2.0: 0.85, 1.0: 0.92}
+    assert highest_sustained_rate(by_rate, 0.9) == 1.0
+    assert highest_sustained_rate(by_rate, 0.8) == 3.0
+    assert highest_sustained_rate(by_rate, 0.99) == 0.5
+    assert highest_sustained_rate({0.5: 0.6, 1.0: 0.95}, 0.9) is None
+    assert highest_sustained_rate({0.5: math.nan, 1.0: 1.0}, 0.9) is None  # nothing sent
+    assert highest_sustained_rate({}, 0.9) is None
