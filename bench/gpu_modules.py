@@ -16,7 +16,13 @@ from typing import Any
 
 import torch
 
+from engine.attention.flashinfer_kernels import module_specs as engine_module_specs
+from engine.attention.kernel_plan import KernelShape, planned_modules
+
 HEAD_DIM = 64  # the default model's, the GPU tests' and the bench's
+# (query heads, KV heads): a group of 4 decodes on tensor cores (FA2's prefill kernel); the
+# default model's 9/3 uses the plain decode kernel.
+HEAD_CONFIGS = ((9, 3), (8, 2))
 PREFILL_KERNELS_ON_SM90 = {"auto": "fa3", "fa2": "fa2", "fa3": "fa3"}
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.MULTILINE)
 # The header trees FlashInfer's JIT puts on the include path, kept whole in the bundle
@@ -33,21 +39,15 @@ HEADER_TREES = (
 
 
 def module_specs(prefill_kernel: str) -> list[Any]:
-    """The JIT specs a bf16, head_dim 64 run builds on sm90: the prefill wrapper's kernel, FA2's
-    two modules (tensor-core decode always runs FA2's prefill kernel) and the plain decode kernel
-    (groups of fewer than 4 query heads per KV head)."""
-    from flashinfer.jit.attention import modules
-
-    bf16, d = torch.bfloat16, HEAD_DIM
-    args = (bf16, bf16, bf16, torch.int32, d, d, 0, False, False, False)
-    specs = [
-        modules._gen_batch_prefill_primary_module("fa2", *args),
-        modules._gen_batch_prefill_independent_paged_module("fa2", *args),
-        modules.gen_batch_decode_module(bf16, bf16, bf16, torch.int32, d, d, 0, False, False),
-    ]
-    if PREFILL_KERNELS_ON_SM90[prefill_kernel] == "fa3":
-        specs.append(modules.gen_batch_prefill_module("fa3", *args))
-    return specs
+    """The JIT specs of bf16, head_dim 64 engines on sm90 for every head configuration the check
+    runs, each once: the engine's own plan (``engine/attention/kernel_plan.py``), so the bundle,
+    the warm-up and ``atrium kernels build`` name the same modules."""
+    specs: dict[str, Any] = {}
+    for hq, hkv in HEAD_CONFIGS:
+        shape = KernelShape(hq, hkv, HEAD_DIM, torch.bfloat16, prefill_kernel)
+        for spec in engine_module_specs(shape, planned_modules(shape, (9,))):
+            specs.setdefault(spec.name, spec)
+    return list(specs.values())
 
 
 def include_dirs(data: Path) -> list[Path]:

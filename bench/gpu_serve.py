@@ -420,6 +420,32 @@ class Driver:
         ]  # fmt: skip
 
 
+def startup_record(log_text: str) -> dict[str, Any]:
+    """From the server's JSON log lines: seconds from its process's start to ready
+    (``serve_ready``) and where the engine found its FlashInfer modules (``flashinfer_kernels``;
+    None on the torch backend)."""
+    events: dict[str, dict[str, Any]] = {}
+    for line in log_text.splitlines():
+        if line.startswith("{") and '"event"' in line:
+            with suppress(ValueError):
+                event = json.loads(line)
+                events.setdefault(str(event.get("event")), event)
+    ready, kernels = events.get("serve_ready", {}), events.get("flashinfer_kernels")
+    fields = ("prebuilt", "cached", "to_compile", "missing")
+    return {
+        "startup_s": ready.get("startup_s"),
+        "kernels": None if kernels is None else {k: kernels.get(k) for k in fields},
+    }
+
+
+def expect_no_compile(record: dict[str, Any]) -> dict[str, Any]:
+    """The warm-up compiled every module the engine loads: its start compiled none."""
+    kernels = record["kernels"]
+    expect(kernels is not None, "the engine logged no flashinfer_kernels event")
+    expect(kernels["to_compile"] == 0, f"modules compiled at start: {kernels['missing']}")
+    return {"modules": kernels["prebuilt"] + kernels["cached"]}
+
+
 def serve_check(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     model = write_model(work / "model", args.tokenizer, shape, seed=0)
@@ -428,8 +454,12 @@ def serve_check(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     server = Server(model, args.device, work, args.kv_cache_bytes, args.dtype)
     try:
         report["ready_s"] = round(server.wait_ready(args.ready_timeout), 1)
-        print(f"  ready in {report['ready_s']} s on {args.device}", flush=True)
+        report.update(startup_record(server.log_path.read_text(errors="replace")))
+        print(f"  ready in {report['ready_s']} s on {args.device} ({report['startup_s']} s "
+              f"from the server's start; kernels {report['kernels']})", flush=True)  # fmt: skip
         driver = Driver(server, model.name, adapter, args.burst)
+        if args.device == "cuda":
+            driver.run("no_compile_at_start", lambda: expect_no_compile(report))
         for name, check in driver.all_checks():
             driver.run(name, check)
         report["checks"] = driver.results

@@ -1,5 +1,7 @@
-"""Compile FlashInfer's modules before the tests, each timed, then plan and run one tiny mixed step
-and one decode-only step per head configuration. ``--dry-run`` stops before the first CUDA call.
+"""Compile FlashInfer's modules before the tests with ``atrium kernels build`` (the serve stage's
+shape first, each module timed), check that the serve stage's engine will compile nothing, then
+plan and run one tiny mixed step and one decode-only step per head configuration. ``--dry-run``
+lists the modules and stops before the first CUDA call.
 
 ``python -m bench.gpu_warmup --out warmup.json [--prefill-kernel fa2] [--dry-run]``
 """
@@ -8,35 +10,45 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.gpu_modules import PREFILL_KERNELS_ON_SM90, describe, module_specs
+from bench.gpu_modules import HEAD_CONFIGS, HEAD_DIM, PREFILL_KERNELS_ON_SM90, describe
 from engine.attention.flashinfer_backend import FlashInferAttentionBackend
 from engine.attention.metadata import SeqSlice, build_attention_metadata
 
 PAGE = 16
-# (query heads, KV heads): a group of 4 decodes on tensor cores (FA2's prefill kernel); the
-# default model's 9/3 uses the plain decode kernel.
-HEAD_CONFIGS = ((8, 2), (9, 3))
+SERVE_HEADS = HEAD_CONFIGS[0]  # the serve stage's SmolLM2 shape: 9/3 heads of 64
+
+
+def kernels_build(heads: tuple[int, int], prefill_kernel: str, *flags: str) -> dict[str, Any]:
+    """``atrium kernels build`` for bf16 heads of 64 on this machine's GPU (or, in the dry run,
+    on FLASHINFER_CUDA_ARCH_LIST): its JSON report; a failure ends the warm-up with its reason."""
+    cmd = [sys.executable, "-m", "web.cli", "--log-level", "warning", "kernels", "build",
+           "--heads", f"{heads[0]}/{heads[1]}", "--head-dim", str(HEAD_DIM),
+           "--dtype", "bfloat16", "--prefill-kernel", prefill_kernel, "--json", *flags]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[2:])}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
 
 
 def compile_modules(prefill_kernel: str) -> list[dict[str, Any]]:
-    """Build every module at once (nvcc and ninja only, no GPU), each timed on its own."""
-
-    def build(spec: Any) -> dict[str, Any]:
-        start = time.perf_counter()
-        spec.build(need_lock=True)
-        return {"module": spec.name, "compile_s": round(time.perf_counter() - start, 1)}
-
-    specs = module_specs(prefill_kernel)
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        return list(pool.map(build, specs))
+    """Every head configuration's modules, the serve stage's first (nvcc and ninja only, no
+    GPU; a configuration's modules compile in parallel), each compiled one timed."""
+    rows = []
+    for heads in HEAD_CONFIGS:
+        built = kernels_build(heads, prefill_kernel)["modules"]
+        rows += [{"module": m["name"], "compile_s": m["compile_s"]} for m in built
+                 if m["compile_s"]]  # fmt: skip
+    return rows
 
 
 def run_steps(prefill_kernel: str, device: torch.device) -> list[dict[str, Any]]:
@@ -87,10 +99,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"prefill_kernel": args.prefill_kernel}
     report["sources"] = dry_run(args.prefill_kernel, args.manifest)
     print(f"  sources of {len(report['sources']['modules'])} modules present")
-    if not args.dry_run:
+    if args.dry_run:  # the command's listing, on CPU: nothing is compiled
+        listed = kernels_build(SERVE_HEADS, args.prefill_kernel, "--dry-run")
+        report["serve_kernels"] = listed["modules"]
+        print(f"  atrium kernels build lists {len(listed['modules'])} modules for the serve stage")
+    else:
         report["modules"] = compile_modules(args.prefill_kernel)
         for row in report["modules"]:
             print(f"  compiled in {row['compile_s']:>6} s  {row['module']}")
+        # The serve stage's engine must find every module it loads: none compiles at its start.
+        report["serve_kernels"] = kernels_build(SERVE_HEADS, args.prefill_kernel, "--check")[
+            "modules"
+        ]
         report["steps"] = run_steps(args.prefill_kernel, torch.device("cuda", 0))
         for row in report["steps"]:
             print(f"  {row['heads']} {row['step']:<6} step (load, plan, run) {row['seconds']} s")

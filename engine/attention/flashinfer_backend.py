@@ -13,16 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from types import ModuleType
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from engine.attention.backend import AttentionBackend, BackendUnavailableError
+from engine.attention.kernel_plan import TENSOR_CORE_GROUP, WrapperKind, wrapper_requests
 from engine.attention.metadata import AttentionMetadata
 from engine.config import PREFILL_KERNELS
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
-WrapperKind = Literal["prefill", "decode"]
 
 
 class PagedWrapper(Protocol):
@@ -275,14 +275,15 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._pin_memory = self.device.type == "cuda"
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         # Groups of 4+ query heads per KV head decode on tensor cores (FA2's prefill kernel);
-        # smaller groups (the default model's 9/3) use the plain decode kernel.
-        tensor_cores = num_q_heads // num_kv_heads >= 4
-        factory, workspace = wrapper_factory, self._workspace
-        self._prefill = factory("prefill", workspace, tensor_cores, prefill_kernel)
-        self._decode = (
-            factory("decode", workspace, tensor_cores, "fa2") if use_decode_kernel else None
-        )
-        self._tensor_cores = tensor_cores
+        # smaller groups (the default model's 9/3) use the plain decode kernel. `atrium kernels
+        # build` compiles the modules these wrappers load from the same requests.
+        wrappers = [
+            wrapper_factory(r.kind, self._workspace, r.use_tensor_cores, r.kernel)
+            for r in wrapper_requests(num_q_heads, num_kv_heads, prefill_kernel, use_decode_kernel)
+        ]
+        self._prefill = wrappers[0]
+        self._decode = wrappers[1] if use_decode_kernel else None
+        self._tensor_cores = num_q_heads // num_kv_heads >= TENSOR_CORE_GROUP
         self._factory = wrapper_factory
         self._step: _Step | None = None
         self._fixed: dict[int, PagedWrapper] = {}  # graph decode wrappers, by batch size

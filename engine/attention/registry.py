@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Protocol
 
+import structlog
 import torch
 
 from engine.attention.backend import AttentionBackend, BackendUnavailableError
+from engine.attention.kernel_plan import FLASHINFER_DTYPES, KernelShape
 from engine.attention.native_attention import (
     chunk_kernel_beats_torch,
     kernels_support,
@@ -18,7 +20,7 @@ from engine.attention.native_attention import (
 )
 from engine.attention.torch_backend import TorchAttentionBackend
 
-FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
+log = structlog.get_logger(__name__)
 
 
 class AttentionShape(Protocol):
@@ -66,8 +68,17 @@ def _build_flashinfer(spec: BackendSpec) -> AttentionBackend:
         FlashInferAttentionBackend,
         load_flashinfer,
     )
+    from engine.attention.flashinfer_kernels import startup_states  # noqa: PLC0415 (likewise)
 
     load_flashinfer()  # fail here, with the install hint, rather than on the first step
+    shape = KernelShape(spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.dtype,
+                        spec.prefill_kernel)  # fmt: skip
+    try:
+        startup_states(shape, spec.device)  # logs which modules would compile; refuses a GPU
+    except BackendUnavailableError:  # a GPU the kernels were not built for
+        raise
+    except Exception as exc:  # the report only: the first plan meets any real fault again
+        log.warning("flashinfer_kernels_unknown", error=f"{type(exc).__name__}: {exc}")
     return FlashInferAttentionBackend(
         spec.num_q_heads,
         spec.num_kv_heads,

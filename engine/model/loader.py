@@ -85,6 +85,19 @@ def _read_config_and_tokenizer(
     return replace(config, eos_token_ids=tokenizer.eos_token_ids), tokenizer, reader
 
 
+def load_config(model: str = "default") -> ModelConfig:
+    """Only the config (no tokenizer, no weights): what picks the kernels a model needs."""
+    path, _ = resolve_model(model)
+    if is_hf_dir(path):
+        return read_hf_config(path)
+    if path.is_file() and path.suffix == ".gguf":
+        reader, meta = open_gguf(path)
+        return read_gguf_config(reader, meta)
+    if path.exists():
+        raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
+    raise FileNotFoundError(f"model {model!r} not found")
+
+
 def load_tokenizer(model: str = "default") -> tuple[Tokenizer, str]:
     """Only the tokenizer and the served name (no weights): for a front end whose engine runs
     in another process."""

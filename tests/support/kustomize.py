@@ -18,7 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "platform" / "k8s"
 # Overlays, and an overlay with optional components after a `+` each (rendered through a
 # kustomization made for the test): every one is rendered and checked.
-OVERLAYS = ("dev", "prod", "prod-autoscale", "prod+model-per-pod+engine-anti-affinity")
+OVERLAYS = (
+    "dev",
+    "prod",
+    "prod-autoscale",
+    "prod+model-per-pod+engine-anti-affinity",
+    "prod+engine-kernels",
+)
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
 
 Obj = dict[str, Any]

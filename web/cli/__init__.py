@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "generate": "web.cli.generate",
     "model": "web.cli.model",
     "serve": "web.cli.serve",
+    "kernels": "web.cli.kernels",
     "db": "web.cli.db_commands",
     "keys": "web.cli.key_commands",
     "public-prefixes": "web.cli.prefix_commands",

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import socket
 import sys
+import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -31,6 +34,19 @@ from web.settings import Settings, SettingsError, trusted_proxies
 log = structlog.get_logger("atrium.serve")
 # How long the start-up check waits for the tenant database before leaving it to the outage path.
 SCHEMA_CHECK_TIMEOUT_S = 5.0
+_IMPORTED_AT = time.monotonic()  # where the process's own start time cannot be read
+
+
+def process_age_s(stat: Path = Path("/proc/self/stat")) -> float:
+    """Seconds since this process started: from the kernel's record on Linux (the interpreter's
+    start and imports included), else since this module was imported."""
+    try:
+        # Field 22, after the command name in parentheses (which may hold spaces).
+        ticks = int(stat.read_text().rpartition(")")[2].split()[19])
+        started = ticks / os.sysconf("SC_CLK_TCK")
+        return round(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 2)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return round(time.monotonic() - _IMPORTED_AT, 2)
 
 
 class DrainingServer(uvicorn.Server):
@@ -82,13 +98,16 @@ def announce(settings: Settings | None, port: int) -> None:
     base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
     api_url = f"{base}/v1"
     console_url = None if role == "engine" else f"{base}/admin/"
+    startup_s = process_age_s()
     if sys.stderr.isatty():
-        where = f"Atrium is ready: send requests to [bold]{api_url}[/]"
+        where = f"Atrium is ready in {startup_s:.1f} s: send requests to [bold]{api_url}[/]"
         if console_url is not None:
             where += f", the console is at [bold]{console_url}[/]"
         Console(file=sys.stderr, highlight=False).print(where + " (Ctrl+C stops)", soft_wrap=True)
     else:
-        log.info("serve_ready", api_url=api_url, console_url=console_url, role=role)
+        log.info(
+            "serve_ready", api_url=api_url, console_url=console_url, role=role, startup_s=startup_s
+        )
 
 
 class Repeated(argparse.Action):

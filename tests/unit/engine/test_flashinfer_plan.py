@@ -17,9 +17,9 @@ from engine.attention.flashinfer_backend import (
     FixedTable,
     FlashInferAttentionBackend,
     PagedWrapper,
-    WrapperKind,
     build_plan_args,
 )
+from engine.attention.kernel_plan import WrapperKind
 from engine.attention.metadata import AttentionMetadata, SeqSlice, build_attention_metadata
 
 PAGE, NUM_PAGES, HQ, HKV, D = 4, 48, 4, 2, 8

@@ -320,10 +320,11 @@ def test_atrium_command_lines_parse_and_name_real_settings(overlay: str) -> None
             assert unknown == set(), f"{container['name']}: no such settings {unknown}"
             checked += 1
     # The gateway, its wait for the schema, the engine, the migration job; with a model of one's
-    # own, the engine's and the gateway's pulls too.
-    engine_volumes = [v["name"] for v in pod_spec(by_component(objects)["engine"])["volumes"]]
-    pulls = 2 if "models" in engine_volumes else 0
-    assert checked == 4 + pulls
+    # own, the engine's and the gateway's pulls too, and with engine-kernels its kernel build.
+    engine = pod_spec(by_component(objects)["engine"])
+    pulls = 2 if "models" in [v["name"] for v in engine["volumes"]] else 0
+    builds = sum(c["name"] == "build-kernels" for c in engine.get("initContainers", []))
+    assert checked == 4 + pulls + builds and builds == ("engine-kernels" in overlay)
     # The ConfigMaps every Atrium container reads whole (envFrom) hold settings only.
     read_whole = {
         source["configMapRef"]["name"]

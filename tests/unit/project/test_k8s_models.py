@@ -135,3 +135,23 @@ def test_gpu_engines_ask_for_the_nvidia_runtime_and_gpu_nodes(overlay: str) -> N
         assert "runtimeClassName" not in engine and "nodeSelector" not in engine
     for component in ("gateway", "router", "migrate"):
         assert "runtimeClassName" not in pod_spec(parts[component]), component
+
+
+def test_engine_kernels_are_built_after_the_pull_for_the_engines_own_targets() -> None:
+    engine = by_component(render("prod+engine-kernels"))["engine"]
+    spec = pod_spec(engine)
+    assert [c["name"] for c in spec["initContainers"]] == ["pull-model", "build-kernels"]
+    (build,) = [c for c in spec["initContainers"] if c["name"] == "build-kernels"]
+    (serve,) = [c for c in spec["containers"] if c["name"] == "engine"]
+    # FlashInfer names its cache folder by the targets: the engine must look where they went.
+    build_env = {e["name"]: e.get("value") for e in build["env"]}
+    serve_env = {e["name"]: e.get("value") for e in serve["env"]}
+    assert build_env["FLASHINFER_CUDA_ARCH_LIST"] == serve_env["FLASHINFER_CUDA_ARCH_LIST"]
+    assert build_env["ATRIUM_MODEL"] == serve_env["ATRIUM_MODEL"]
+    mounts = {m["name"]: m["mountPath"] for m in build["volumeMounts"]}
+    served = {m["name"]: m["mountPath"] for m in serve["volumeMounts"]}
+    assert mounts["cache"] == served["cache"] and mounts["models"] == served["models"]
+    args = build_parser().parse_args(build["args"])
+    assert (args.command, args.kernels_command, args.check, args.dry_run) == (
+        "kernels", "build", False, False,
+    )  # fmt: skip
