@@ -197,7 +197,12 @@ class Scheduler:
         # prompts do not lengthen the step that gives the others their first tokens.
         held_back = 0
         if self.target is not None and (num_decodes or self._num_active_tenants() > 1):
-            held_back = max(0, budget - self.target.prefill_budget(num_decodes))
+            room = self.target.prefill_budget(num_decodes)
+            if self.ttft_target_s is not None:
+                # Decodes past the target (admitted for overdue first tokens) never squeeze the
+                # prompts below their share: the prompts are what the first-token target is for.
+                room = max(room, self.target.prefill_share())
+            held_back = max(0, budget - room)
             budget -= held_back
         # Tenants served ahead of others take at most their share of the prefill budget (that
         # keeps steps short; within a step-time target they are short already, and capping a
@@ -423,8 +428,7 @@ class Scheduler:
         self._add_seq(out, request, num_new, scheduled)
         if is_decode:
             self.policy.charge(request, 0, 0, 1)
-        else:
-            self.policy.charge(request, num_new, 0, 0)
+        # A prompt's chunks were charged whole when it was admitted.
         return budget - num_new
 
     def _free_slot_for_fairness(self, out: SchedulerOutput) -> None:
@@ -530,8 +534,11 @@ class Scheduler:
             budget -= num_new
             if _spend(caps, request.tenant_id, num_new):
                 skip.add(request.tenant_id)
+            # The whole uncached remainder is charged now (as in VTC): its chunks then run in
+            # admission order among level tenants, one prompt after another, rather than
+            # taking turns chunk by chunk and all ending late together.
             num_cached = request.num_cached_tokens if first_admission else 0
-            self.policy.charge(request, num_new, num_cached, 0)
+            self.policy.charge(request, request.num_tokens - match.num_tokens, num_cached, 0)
         for request in reversed(deferred):
             self.policy.defer(request)
         return budget

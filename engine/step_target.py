@@ -108,6 +108,13 @@ class StepTarget:
         per_token = self.scale * self.costs.per_prefill_token_s
         return max(self.min_prefill_tokens, int(room / per_token))
 
+    def prefill_share(self) -> int:
+        """Prefill (and draft) tokens in the share of the (stretched) target that full batches
+        of decodes leave (``PREFILL_SHARE``); at least ``min_prefill_tokens``."""
+        room = (self.target_s * self.stretch - self.costs.fixed_s) * PREFILL_SHARE
+        per_token = self.scale * self.costs.per_prefill_token_s
+        return max(self.min_prefill_tokens, int(room / per_token))
+
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
         """Correct the scale by a step that ran ``num_decodes`` decodes and
         ``num_prefill_tokens`` other tokens in ``seconds``."""

@@ -92,8 +92,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
     # Past this wait for a first token, the step-time target stretches (by the square of the
-    # wait over it): a number of milliseconds, or "off" (the default: it costs weights).
-    target_ttft_ms: str = "off"
+    # wait over it) and decodes beyond the target run by weight: milliseconds, or "off".
+    target_ttft_ms: str = "2000"
     # Default max_tokens when a request names none: the remaining context, capped at this.
     default_max_tokens_cap: int = 1024
     max_body_bytes: int = 1 * 2**20

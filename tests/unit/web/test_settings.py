@@ -105,7 +105,7 @@ def test_target_tpot_is_auto_by_default_and_takes_off_or_milliseconds() -> None:
 
 
 def test_target_ttft_is_off_by_default_and_takes_milliseconds() -> None:
-    assert Settings.load(environ={}).engine_target_ttft_ms is None
+    assert Settings.load(environ={}).engine_target_ttft_ms == 2000.0
     assert Settings.load(environ={"ATRIUM_TARGET_TTFT_MS": "off"}).engine_target_ttft_ms is None
     assert Settings.load(environ={"ATRIUM_TARGET_TTFT_MS": "500"}).engine_target_ttft_ms == 500.0
     args = build_parser().parse_args(["serve", "--target-ttft-ms", "750"])
