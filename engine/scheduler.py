@@ -428,7 +428,8 @@ class Scheduler:
         self._add_seq(out, request, num_new, scheduled)
         if is_decode:
             self.policy.charge(request, 0, 0, 1)
-        # A prompt's chunks were charged whole when it was admitted.
+        else:
+            self.policy.charge(request, num_new, 0, 0)
         return budget - num_new
 
     def _free_slot_for_fairness(self, out: SchedulerOutput) -> None:
@@ -534,11 +535,8 @@ class Scheduler:
             budget -= num_new
             if _spend(caps, request.tenant_id, num_new):
                 skip.add(request.tenant_id)
-            # The whole uncached remainder is charged now (as in VTC): its chunks then run in
-            # admission order among level tenants, one prompt after another, rather than
-            # taking turns chunk by chunk and all ending late together.
             num_cached = request.num_cached_tokens if first_admission else 0
-            self.policy.charge(request, request.num_tokens - match.num_tokens, num_cached, 0)
+            self.policy.charge(request, num_new, num_cached, 0)
         for request in reversed(deferred):
             self.policy.defer(request)
         return budget

@@ -130,7 +130,6 @@ def test_a_flooder_barely_moves_the_light_tenants_first_tokens(as_served: bool) 
     if as_served:  # level tenants go fewest requests first, and the flood's decodes yield
         assert all(r <= 1.15 for r in worst.values()), worst
         assert all(r <= 1.15 for r in typical.values()), typical
-    else:  # the flood's decodes lengthen every step (its prompts, charged whole on
-        # admission, no longer share the first prefill evenly with theirs)
+    else:  # the flood shares the first prefill evenly and its decodes lengthen every step
         assert max(worst.values()) > 1.2, worst
-        assert max(typical.values()) > 1.2, typical
+        assert max(typical.values()) > 1.4, typical
