@@ -9,7 +9,10 @@ target (``engine/step_target.py``) the target bounds instead how many requests r
 prefill goes beside their decodes, and the decodes of tenants served far more than one whose
 prompt waits sit out a step so that the prompt fits in it (the policy's ``decode_lead``); a
 tenant far ahead (``yield_lead``) sits out such a step with all its work. With a first-token target
-(``ttft_target_s``), the oldest wait for a first token past it stretches the step-time target.
+(``ttft_target_s``), the oldest wait for a first token past it stretches the step-time target;
+decodes past the unstretched target then run by weight (tenants ahead by ``decode_lead`` sit
+out), a tenant that far behind a running one is admitted past the slot limit, and prompts keep
+their share of the step (``StepTarget.prefill_share``).
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode

@@ -858,3 +858,54 @@ def test_queue_wait_by_tenant_is_each_tenants_longest_wait() -> None:
     assert waits == {"a": pytest.approx(3.0), "b": pytest.approx(2.0)}
     sim.scheduler.finish(late, "abort")
     assert set(sim.scheduler.queue_wait_by_tenant()) == {"a"}
+
+
+@pytest.mark.parametrize("first_token_target", [True, False])
+def test_past_the_step_target_prompts_keep_their_share(first_token_target: bool) -> None:
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 8192, 4), 512, 128, policy=FairSharePolicy(), target=target)
+    now = [0.0]
+    sim.scheduler.ttft_target_s = 1.0
+    sim.scheduler.clock = lambda: now[0]
+    for tenant in ("a", "b"):
+        for i in range(32):
+            sim.add(f"{tenant}-{i}", [i, 1, 2, 3], 400, tenant=tenant)
+    prompt = sim.add("c-0", list(range(100, 4100)), 4, tenant="c")
+    now[0] = 10.0  # overdue: all admitted past the 13-decode target
+    sim.step()
+    for _ in range(3):
+        sim.step()
+    assert sim.scheduler.num_running == 65 and prompt.num_remaining_tokens > 1
+    # Nobody overdue any more (a lenient first-token target), or none at all: 64 level decodes,
+    # far past what the step-time target holds, and the prompt still being prefilled.
+    sim.scheduler.ttft_target_s = 1000.0 if first_token_target else None
+    before = prompt.num_computed_tokens
+    out = sim.step()
+    assert target.stretch == 1.0 and out.num_decodes == 64
+    chunk = prompt.num_computed_tokens - before
+    if first_token_target:
+        assert chunk == target.prefill_share() == 45  # a quarter of the target, not the floor
+    else:
+        assert chunk == target.min_prefill_tokens  # what 64 decodes leave of a 20 ms step
+
+
+@pytest.mark.parametrize("first_token_target", [True, False])
+def test_a_tenant_behind_the_running_ones_is_admitted_past_the_slot_limit(
+    first_token_target: bool,
+) -> None:
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 4096, 4), 512, 64, policy=FairSharePolicy(), target=target)
+    sim.scheduler.ttft_target_s = 1000.0 if first_token_target else None  # never overdue
+    sim.scheduler.clock = lambda: 0.0
+    for i in range(13):  # the 13 decodes the step-time target holds
+        sim.add(f"a-{i}", [i, 1, 2, 3], 400, tenant="a")
+    sim.step()
+    late = sim.add("b-0", [9, 1, 2, 3], 4, tenant="b")  # level with "a" as it arrives
+    sim.step()
+    assert late.status is RequestStatus.WAITING  # no slot within the target
+    for _ in range(20):  # "a" runs 26 counter units a step ahead of "b", which waits
+        sim.step()
+    if first_token_target:  # more than decode_lead behind: it runs, and one of a's sits out
+        assert late.output_token_ids and sim.scheduler.num_running <= 14
+    else:  # it waits for one of a's 400-token answers to end
+        assert late.status is RequestStatus.WAITING
