@@ -1,28 +1,23 @@
 """The step scheduler: decodes first, then prefill chunks and admissions, under a token budget.
 
-Prefill chunks run in the policy's service order, and a waiting request that comes before a
-chunk in that order (a less-served tenant's, under fair share) is admitted ahead of it. The policy
-may cap what a tenant's prefill takes of a step (``prefill_caps``): under fair share, tenants
-served ahead of the least-served one get their weighted share of the budget, so a step stays
-short and the next prompt of a tenant behind them waits for one short step. With a step-time
-target (``engine/step_target.py``) the target bounds instead how many requests run and how much
-prefill goes beside their decodes, and the decodes of tenants served far more than one whose
-prompt waits sit out a step so that the prompt fits in it (the policy's ``decode_lead``); a
-tenant far ahead (``yield_lead``) sits out such a step with all its work. With a first-token target
-(``ttft_target_s``), the oldest wait for a first token past it stretches the step-time target;
-decodes past the unstretched target then run by weight (tenants ahead by ``decode_lead`` sit
-out), a tenant that far behind a running one is admitted past the slot limit, and prompts keep
-their share of the step (``StepTarget.prefill_share``).
+Each step runs the running decodes (a token each), then unfinished prefill chunks in the
+admission policy's service order, then new requests from the policy's queue (``engine/policy.py``;
+weighted fair share in ``engine/fair_share.py``), within the step's token budget, the free pages
+and the slots. A waiting request that comes before a chunk in that order (a less-served tenant's,
+under fair share) is admitted ahead of it. Without a step-time target the policy may cap what a
+tenant's prefill takes of a step (``prefill_caps``). With one, ``engine/step_budget.py`` decides
+how many requests run, which decodes sit the step out and how much prefill goes beside the
+rest; ``engine/preemption.py`` picks who gives way for a slot or for pages. Background work
+(Batch API lines) sits out the steps of a foreground prompt.
 
 Pure Python (no torch). Pages come from a ``PrefixCache``; a request's block table holds its
 locked cached prefix first, then its private pages. Under memory pressure chunks shrink; a decode
-that cannot get a page preempts the most recently admitted running request.
+that cannot get a page preempts a running request.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -30,7 +25,9 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import structlog
 
 from engine.policy import AdmissionPolicy
+from engine.preemption import page_victim, slot_victim
 from engine.request import Request, RequestStatus
+from engine.step_budget import StepBudget
 from engine.step_target import StepTarget
 from radix_cache.prefix_cache import PrefixCache
 
@@ -65,11 +62,6 @@ class SchedulerOutput:
         return not self.seqs
 
 
-# The most a first token overdue stretches the step-time target (then slots and the token
-# budget bound the step).
-MAX_STRETCH = 64.0
-
-
 class Scheduler:
     """Owns the running set; the admission policy owns the waiting queue."""
 
@@ -94,11 +86,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.drafter = drafter
         self.max_draft_batch = max_draft_batch  # steps with more decodes run no drafts
-        self.target = target  # the step-time bound on running requests and prefill, if any
-        # The first-token target: a first token overdue stretches the step-time target.
-        self.ttft_target_s = ttft_target_s
-        self.clock = clock
-        self._awaiting_first: deque[tuple[float, Request]] = deque()  # in arrival order
+        # The step-time target and the first-token target, as they bound each step.
+        self.budget = StepBudget(target, ttft_target_s, clock)
         self.running: list[Request] = []  # in order of admission
         self.slots: dict[str, int] = {}  # running requests per tenant
         policy.bind_running(self.slots, max_num_seqs)
@@ -113,12 +102,37 @@ class Scheduler:
         return len(self.running)
 
     @property
+    def target(self) -> StepTarget | None:
+        """The step-time bound on running requests and prefill, if any."""
+        return self.budget.target
+
+    @target.setter
+    def target(self, target: StepTarget | None) -> None:
+        self.budget.target = target
+
+    @property
+    def ttft_target_s(self) -> float | None:
+        """The first-token target: a first token overdue stretches the step-time target."""
+        return self.budget.ttft_target_s
+
+    @ttft_target_s.setter
+    def ttft_target_s(self, seconds: float | None) -> None:
+        self.budget.ttft_target_s = seconds
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds, for waits (monotonic; tests drive a virtual one)."""
+        return self.budget.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.budget.clock = clock
+
+    @property
     def slot_limit(self) -> int:
         """Requests that may run at once now: the slots, or fewer while the step-time target
         holds fewer decodes."""
-        if self.target is None:
-            return self.max_num_seqs
-        return min(self.max_num_seqs, self.target.max_decodes)
+        return self.budget.slot_limit(self.max_num_seqs)
 
     @property
     def num_waiting(self) -> int:
@@ -143,22 +157,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.queued_at = now = self.clock()
         self.policy.add(request)
-        if self.target is not None and self.ttft_target_s is not None:
-            self._awaiting_first.append((now, request))
-
-    def _stretch(self) -> float:
-        """How far the step-time target stretches this step: by the square of the oldest
-        first-token wait over the first-token target, once it is past it (amortized O(1):
-        requests leave the front once they have a token or are gone)."""
-        pending = self._awaiting_first
-        while pending and (
-            pending[0][1].output_token_ids or pending[0][1].status is RequestStatus.FINISHED
-        ):
-            pending.popleft()
-        if not pending or self.ttft_target_s is None:
-            return 1.0
-        overdue = (self.clock() - pending[0][0]) / self.ttft_target_s
-        return min(max(1.0, overdue * overdue), MAX_STRETCH)
+        self.budget.watch(request, now)
 
     # -- schedule -------------------------------------------------------------------------
 
@@ -166,8 +165,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
-        if self.target is not None:
-            self.target.stretch = self._stretch()
+        step_budget = self.budget
+        step_budget.begin_step()
         self._slot_limit = self.slot_limit
         self.policy.begin_step()
         self._free_slot_for_fairness(out)
@@ -182,31 +181,21 @@ class Scheduler:
         held = [r for r in prefills if r.background] if foreground_only else []
         if held:
             prefills = [r for r in prefills if not r.background]
-        sitting: set[str] = set()  # tenants far ahead: none of their work runs this step
-        if self.target is not None:
-            decodes, ahead, sitting = self._defer_decodes_ahead(decodes, prefills)
-            deferred += ahead
-            if sitting:
-                held += [r for r in prefills if r.tenant_id in sitting]
-                prefills = [r for r in prefills if r.tenant_id not in sitting]
-        if self.ttft_target_s is not None and self.target is not None:
-            decodes = self._trim_decodes_ahead(decodes, prefills)
+        defers = bool(decodes) and self.target is not None and self.policy.decode_lead is not None
+        pending = self._pending_prompts(prefills) if defers else []
+        decodes, ahead, sitting = step_budget.defer_decodes_ahead(
+            decodes, prefills, pending, self.policy
+        )
+        deferred += ahead
+        if sitting:  # tenants far ahead: none of their work runs this step
+            held += [r for r in prefills if r.tenant_id in sitting]
+            prefills = [r for r in prefills if r.tenant_id not in sitting]
+        decodes = step_budget.trim_decodes_ahead(decodes, prefills, self.policy)
         for request in decodes:
             budget = self._run(request, budget, out, scheduled)
         num_decodes = out.num_decodes = len(out.seqs)
-        # Within a step-time target, prefill gets what the decodes leave of the step's time. With
-        # no decode running, one tenant alone takes the whole budget (nobody waits on its step),
-        # but several tenants' prompts go in short steps, least served first, so that a flood's
-        # prompts do not lengthen the step that gives the others their first tokens.
-        held_back = 0
-        if self.target is not None and (num_decodes or self._num_active_tenants() > 1):
-            room = self.target.prefill_budget(num_decodes)
-            if self.ttft_target_s is not None:
-                # Decodes past the target (admitted for overdue first tokens) never squeeze the
-                # prompts below their share: the prompts are what the first-token target is for.
-                room = max(room, self.target.prefill_share())
-            held_back = max(0, budget - room)
-            budget -= held_back
+        held_back = step_budget.prefill_held_back(budget, num_decodes, self._num_active_tenants)
+        budget -= held_back
         # Tenants served ahead of others take at most their share of the prefill budget (that
         # keeps steps short; within a step-time target they are short already, and capping a
         # small budget by weight would leave a light tenant's admitted prompts a few tokens a
@@ -268,91 +257,6 @@ class Scheduler:
         kept = [r for r in decodes if not r.background]
         return kept, [r for r in decodes if r.background], True
 
-    def _defer_decodes_ahead(
-        self, decodes: list[Request], prefills: list[Request]
-    ) -> tuple[list[Request], list[Request], set[str]]:
-        """The decodes that run this step, those that sit it out, and the tenants none of whose
-        work runs. Within a step-time target, the decodes of tenants served far more
-        (``policy.decode_lead``) than a tenant whose prompt is waiting sit this step out, the
-        most-served first, until the step has room for that prompt (when sitting out can make
-        it fit at all): a flood's decodes then do not lengthen the first token of the tenants
-        it would crowd out, and its counter stands still while theirs catch up. Tenants ahead
-        by ``policy.yield_lead`` or more sit out with all their work, so the prompt's step is
-        as short as its own tenants' work makes it. O(running)."""
-        lead = self.policy.decode_lead
-        target = self.target
-        if lead is None or target is None or not decodes:
-            return decodes, [], set()
-        served = self.policy.service
-        pending = self._pending_prompts(prefills)
-        if not pending:
-            return decodes, [], set()
-        least = min(served(r.tenant_id) for r in pending)
-        threshold = least + lead
-        demand = sum(r.num_remaining_tokens for r in pending if served(r.tenant_id) <= threshold)
-        ahead = sorted(
-            (r for r in decodes if served(r.tenant_id) > threshold),
-            key=lambda r: (served(r.tenant_id), r.admitted_index),
-        )
-        num_kept = len(decodes)
-        smallest = min(r.num_remaining_tokens for r in pending if served(r.tenant_id) <= threshold)
-        if target.prefill_budget(num_kept - len(ahead)) < smallest:
-            # Not even all of them sitting out would let one of these prompts end in this step
-            # (long prompts): they would sit out step after step, so none does, and the prompts
-            # go on at the prefill share every step has.
-            return decodes, [], set()
-        deferred: set[str] = set()
-        sitting: set[str] = set()
-        if self.policy.yield_lead is not None:
-            far = least + self.policy.yield_lead
-            sitting = {r.tenant_id for r in (*ahead, *prefills) if served(r.tenant_id) >= far}
-            deferred = {r.request_id for r in ahead if r.tenant_id in sitting}
-            num_kept -= len(deferred)
-            ahead = [r for r in ahead if r.tenant_id not in sitting]
-        while ahead and target.prefill_budget(num_kept) < demand:
-            deferred.add(ahead.pop().request_id)
-            num_kept -= 1
-        if not deferred:
-            return decodes, [], sitting
-        kept = [r for r in decodes if r.request_id not in deferred]
-        return kept, [r for r in decodes if r.request_id in deferred], sitting
-
-    def _trim_decodes_ahead(self, decodes: list[Request], prefills: list[Request]) -> list[Request]:
-        """The decodes that run when more run than the step-time target holds (requests admitted
-        while a first token was overdue): the decodes of tenants served more than
-        ``policy.decode_lead`` ahead of the least-served tenant with work in the step sit out,
-        the most served first, until the rest fit the unstretched target. Tenants within the
-        lead of each other all run: the step outgrows its target rather than anyone starving,
-        and the target's room goes by weight where a queue would have ordered it.
-        O(running log running)."""
-        lead = self.policy.decode_lead
-        assert self.target is not None
-        excess = len(decodes) - self.target.decodes_within(1.0)
-        if lead is None or excess <= 0:
-            return decodes
-        served = self.policy.service
-        least = min(served(r.tenant_id) for r in (*decodes, *prefills))
-        ahead = sorted(
-            (r for r in decodes if served(r.tenant_id) > least + lead),
-            key=lambda r: (served(r.tenant_id), r.admitted_index),
-        )
-        if not ahead:
-            return decodes
-        sit_out = {r.request_id for r in ahead[max(0, len(ahead) - excess) :]}
-        return [r for r in decodes if r.request_id not in sit_out]
-
-    def _behind_running(self, request: Request) -> bool:
-        """Within a first-token target, whether the waiting ``request``'s tenant is served more
-        than ``policy.decode_lead`` less than a tenant with requests running: then it is
-        admitted past the slot limit, and the decodes of the tenant ahead sit the steps out
-        (``_trim_decodes_ahead``) rather than keep the tenant behind waiting for its requests to
-        end. O(running tenants)."""
-        lead = self.policy.decode_lead
-        if self.ttft_target_s is None or self.target is None or lead is None or not self.slots:
-            return False
-        served = self.policy.service
-        return served(request.tenant_id) + lead < max(served(t) for t in self.slots)
-
     def _run_late_decodes(
         self, deferred: list[Request], out: SchedulerOutput, budget: int, scheduled: set[str]
     ) -> tuple[int, int]:
@@ -411,7 +315,7 @@ class Scheduler:
         want = min(request.num_remaining_tokens, budget)
         num_new = self._num_fitting(request, want)
         while num_new == 0:
-            victim = self._pick_victim(scheduled, request)
+            victim = page_victim(self.running, scheduled, request, self.policy)
             if victim is None:
                 break
             self._preempt(victim)
@@ -436,31 +340,15 @@ class Scheduler:
         return budget - num_new
 
     def _free_slot_for_fairness(self, out: SchedulerOutput) -> None:
-        """Every slot is taken (up to the slot limit) and the next tenant in line holds fewer
-        slots than its weighted share while another holds more: preempt one of the other's
-        requests (chosen by the policy, which takes none from a tenant served less than the
-        next one) so the newcomer does not wait for long generations to end. The victim's
-        computed full pages stay cached, so it resumes cheaply. At most one per step;
-        O(running)."""
-        limit = self._slot_limit
-        if len(self.running) < limit or not self.cache.shares_pages:
+        """Every slot is taken (up to the slot limit) and the next tenant in line is owed one
+        (``preemption.slot_victim``): preempt a request of a tenant over its share. Its computed
+        full pages stay cached, so it resumes cheaply. At most one per step; O(running)."""
+        if len(self.running) < self._slot_limit or not self.cache.shares_pages:
             return
         head = self.policy.peek()
         if head is None:
             return
-        slots = self.slots
-        weights: dict[str, float] = {head.tenant_id: head.tenant_weight}
-        for request in self.running:
-            weights[request.tenant_id] = request.tenant_weight
-        total_weight = sum(max(w, 1e-9) for w in weights.values())
-
-        def fair(tenant_id: str) -> float:
-            return limit * max(weights[tenant_id], 1e-9) / total_weight
-
-        if slots.get(head.tenant_id, 0) + 1 > fair(head.tenant_id):
-            return
-        over = [r for r in self.running if slots[r.tenant_id] - 1 >= fair(r.tenant_id)]
-        victim = self.policy.pick_victim(over, beneficiary=head)
+        victim = slot_victim(self.running, self.slots, head, self._slot_limit, self.policy)
         if victim is not None:
             self._preempt(victim)
             out.preempted.append(victim)
@@ -490,7 +378,9 @@ class Scheduler:
             request = self.policy.peek(skip)
             if request is None:
                 break
-            if len(self.running) >= self._slot_limit and not self._behind_running(request):
+            if len(self.running) >= self._slot_limit and not self.budget.admits_past_limit(
+                request, self.policy, self.slots
+            ):
                 break
             if foreground_only and request.background:
                 skip.add(request.tenant_id)
@@ -610,21 +500,6 @@ class Scheduler:
         need = -(-num_tokens // self.page_size) - len(request.block_table)
         if need > 0:
             request.block_table.extend(self.cache.allocate(need, request.owner, request.namespace))
-
-    def _pick_victim(self, scheduled: set[str], requester: Request) -> Request | None:
-        """A running request to preempt for ``requester``'s pages. A prompt takes pages only
-        from requests admitted after it: two prompts that each need most of the pages would
-        otherwise take them from each other in turn and neither would ever finish (a decode
-        moves on by a token each time, so it may take from any)."""
-        prefill = requester.num_remaining_tokens > 1
-        candidates = [
-            request
-            for request in self.running
-            if request is not requester
-            and request.request_id not in scheduled
-            and not (prefill and request.admitted_index < requester.admitted_index)
-        ]
-        return self.policy.pick_victim(candidates)
 
     # -- state changes after a step ---------------------------------------------------------
 

@@ -1,0 +1,150 @@
+"""The step budget and the preemption choices on their own, without a scheduler around them."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.fair_share import FairSharePolicy
+from engine.policy import FifoPolicy
+from engine.preemption import page_victim, slot_victim
+from engine.request import Request, RequestStatus, owner_tag
+from engine.sampling_params import SamplingParams
+from engine.step_budget import MAX_STRETCH, StepBudget
+from engine.step_target import StepCosts, StepTarget
+from radix_cache.prefix_cache import tenant_namespace
+
+COSTS = StepCosts(0.002, 0.001, 0.0001)  # 2 ms a step, 1 ms a decode, 0.1 ms a prompt token
+
+
+def _request(request_id: str, tenant: str, num_prompt: int = 4, weight: float = 1.0) -> Request:
+    request = Request(
+        request_id=request_id,
+        prompt_token_ids=list(range(num_prompt)),
+        params=SamplingParams(max_tokens=8, temperature=0.0),
+        tenant_id=tenant,
+        namespace=tenant_namespace(tenant),
+        owner=owner_tag(request_id),
+        arrival_index=0,
+    )
+    request.tenant_weight = weight
+    return request
+
+
+def _decoding(request: Request, index: int) -> Request:
+    """``request`` as if admitted ``index``-th with its prompt computed and a token out."""
+    request.status = RequestStatus.RUNNING
+    request.admitted_index = index
+    request.append_token(1)
+    request.num_computed_tokens = request.num_tokens - 1
+    return request
+
+
+def _served(policy: FairSharePolicy, tenant: str, num_output: int) -> None:
+    policy.charge(_request(f"{tenant}-charge", tenant), 0, 0, num_output)
+
+
+def test_the_stretch_is_the_square_of_the_oldest_overdue_wait_up_to_a_bound() -> None:
+    now = [0.0]
+    target = StepTarget(0.020, COSTS)
+    budget = StepBudget(target, 1.0, clock=lambda: now[0])
+    first, second = _request("a", "t"), _request("b", "t")
+    budget.watch(first, 0.0)
+    budget.watch(second, 0.5)
+    for at, stretch in ((0.5, 1.0), (3.0, 9.0), (100.0, MAX_STRETCH)):
+        now[0] = at
+        budget.begin_step()
+        assert target.stretch == pytest.approx(stretch)
+    first.append_token(1)  # its first token came: the next oldest wait counts
+    now[0] = 2.5
+    budget.begin_step()
+    assert target.stretch == pytest.approx(4.0)
+
+
+def test_without_a_first_token_target_nothing_stretches_or_passes_the_slot_limit() -> None:
+    target = StepTarget(0.020, COSTS)
+    budget = StepBudget(target, None, clock=lambda: 100.0)
+    budget.watch(_request("a", "t"), 0.0)
+    budget.begin_step()
+    assert target.stretch == 1.0
+    assert budget.slot_limit(64) == target.max_decodes == 13
+    policy = FairSharePolicy()
+    _served(policy, "ahead", 1000)
+    assert not budget.admits_past_limit(_request("b", "behind"), policy, {"ahead": 13})
+
+
+def test_a_tenant_far_behind_a_running_one_passes_the_slot_limit() -> None:
+    budget = StepBudget(StepTarget(0.020, COSTS), 1.0)
+    policy = FairSharePolicy(decode_lead=16.0)
+    _served(policy, "ahead", 10)  # 20 units ahead of a tenant that has run nothing
+    assert budget.admits_past_limit(_request("b", "behind"), policy, {"ahead": 13})
+    _served(policy, "behind", 4)  # now within the lead
+    assert not budget.admits_past_limit(_request("c", "behind"), policy, {"ahead": 13})
+
+
+def test_decodes_past_the_target_sit_out_most_served_first_down_to_the_target() -> None:
+    target = StepTarget(0.020, COSTS)
+    budget = StepBudget(target, 1.0)
+    policy = FairSharePolicy(decode_lead=16.0)
+    _served(policy, "far", 100)
+    _served(policy, "near", 20)
+    decodes = [_decoding(_request(f"l{i}", "least"), i) for i in range(8)]
+    decodes += [_decoding(_request(f"n{i}", "near"), 8 + i) for i in range(4)]
+    decodes += [_decoding(_request(f"f{i}", "far"), 12 + i) for i in range(4)]
+    kept = budget.trim_decodes_ahead(decodes, [], policy)
+    assert len(kept) == target.decodes_within(1.0) == 13
+    # Three must sit out: the far tenant's, its latest admissions first.
+    assert {r.request_id for r in decodes} - {r.request_id for r in kept} == {"f1", "f2", "f3"}
+    # Admission order ranks no tenant above another: every decode runs.
+    assert budget.trim_decodes_ahead(decodes, [], FifoPolicy()) == decodes
+
+
+def test_decodes_ahead_sit_out_until_a_less_served_prompt_fits() -> None:
+    target = StepTarget(0.020, COSTS)
+    budget = StepBudget(target, None)
+    policy = FairSharePolicy(decode_lead=16.0, yield_lead=None)
+    _served(policy, "flood", 100)
+    decodes = [_decoding(_request(f"f{i}", "flood"), i) for i in range(13)]
+    prompt = _request("p", "light", num_prompt=60)
+    assert target.prefill_budget(13) < 60
+    kept, deferred, sitting = budget.defer_decodes_ahead(decodes, [], [prompt], policy)
+    assert target.prefill_budget(len(kept)) >= 60 > target.prefill_budget(len(kept) + 1)
+    assert len(kept) + len(deferred) == 13 and not sitting
+    # A prompt no step could hold: nobody sits out for it.
+    huge = _request("h", "light", num_prompt=5000)
+    assert budget.defer_decodes_ahead(decodes, [], [huge], policy) == (decodes, [], set())
+
+
+def test_prefill_keeps_its_share_beside_decodes_past_the_target() -> None:
+    target = StepTarget(0.020, COSTS, min_prefill_tokens=4)
+    with_ttft = StepBudget(target, 1.0)
+    without = StepBudget(target, None)
+    # 64 decodes leave nothing of a 20 ms step: the floor alone, or the prompts' share.
+    assert without.prefill_held_back(512, 64, lambda: 2) == 512 - 4
+    assert with_ttft.prefill_held_back(512, 64, lambda: 2) == 512 - target.prefill_share()
+    # No decodes and one tenant: the whole budget; without a target nothing is held back.
+    assert without.prefill_held_back(512, 0, lambda: 1) == 0
+    assert StepBudget(None, None).prefill_held_back(512, 64, lambda: 2) == 0
+
+
+def test_a_slot_goes_to_a_tenant_under_its_share_from_one_over_it() -> None:
+    policy = FairSharePolicy(preempt_lead=0.0)
+    running = [_decoding(_request(f"a{i}", "a"), i) for i in range(4)]
+    _served(policy, "a", 50)
+    head = _request("b0", "b")
+    victim = slot_victim(running, {"a": 4}, head, 4, policy)
+    assert victim is running[-1]  # the most recent admission of the tenant over its share
+    # A tenant already at its share gets no slot by preemption.
+    assert slot_victim(running[:2], {"a": 2, "b": 2}, head, 4, policy) is None
+
+
+def test_a_prompt_takes_pages_only_from_later_admissions() -> None:
+    policy = FifoPolicy()
+    early = _decoding(_request("early", "t"), 0)
+    prompt = _request("prompt", "t", num_prompt=64)
+    prompt.status, prompt.admitted_index = RequestStatus.RUNNING, 1
+    late = _decoding(_request("late", "t"), 2)
+    running = [early, prompt, late]
+    assert page_victim(running, set(), prompt, policy) is late
+    assert page_victim(running, {"late"}, prompt, policy) is None  # scheduled this step
+    # A decode may take from any.
+    assert page_victim(running, {"late"}, late, policy) is prompt
