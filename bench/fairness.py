@@ -2,8 +2,11 @@
 
     python -m bench.fairness [--window 40] [--flood-rounds 2] [--parts weights flood]
 
-Regimes: "slots" keeps more requests in flight than the running batch holds (``--slots``
-running, each tenant ``--slots-in-flight``, no step-time target); "latency" keeps them all within
+Regimes: "defaults" is the server as ``atrium serve`` starts it (no setting changed: its slots,
+step-time target and first-token target), each tenant keeping ``--defaults-in-flight`` requests
+in flight, together more than the default slots; "slots" keeps more requests in flight than the
+running batch holds (``--slots`` running, each tenant ``--slots-in-flight``, no step-time
+target); "latency" keeps them all within
 the slots (``--latency-slots``) and lets the engine's step-time target (the default, auto) form
 the queue: each tenant keeps more in flight than its weighted share of what the target lets run.
 Each regime runs in both arrival orders (weight 1 first, weight 4 first), every run on fresh
@@ -40,7 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--parts", nargs="+", default=["weights", "flood"], choices=["weights", "flood"])
-    add("--regimes", nargs="+", default=["slots", "latency"], choices=["slots", "latency"])
+    add(
+        "--regimes",
+        nargs="+",
+        default=["defaults", "slots", "latency"],
+        choices=["defaults", "slots", "latency"],
+    )
     add(
         "--orders",
         nargs="+",
@@ -51,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--window", type=float, default=40.0, help="seconds of counted service per run")
     add("--warmup", type=float, default=12.0, help="seconds after the last tenant starts")
     add("--stagger", type=float, default=4.0, help="seconds between the tenants' starts")
+    add("--defaults-in-flight", type=int, default=32, help="per tenant, defaults regime")
     add("--slots", type=int, default=24, help="running batch of the slots regime")
     add("--slots-in-flight", type=int, default=24, help="per tenant, slots regime")
     add("--latency-slots", type=int, default=128, help="running batch of the latency regime")
@@ -107,12 +116,14 @@ class Server:
 def run_weights(args: argparse.Namespace, load: Load) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for regime in args.regimes:
-        settings = (
-            {"ATRIUM_MAX_NUM_SEQS": str(args.slots), "ATRIUM_TARGET_TPOT_MS": "off"}
-            if regime == "slots"
-            else {"ATRIUM_MAX_NUM_SEQS": str(args.latency_slots)}
-        )
-        in_flight = args.slots_in_flight if regime == "slots" else args.latency_in_flight
+        settings, in_flight = {
+            "defaults": ({}, args.defaults_in_flight),
+            "slots": (
+                {"ATRIUM_MAX_NUM_SEQS": str(args.slots), "ATRIUM_TARGET_TPOT_MS": "off"},
+                args.slots_in_flight,
+            ),
+            "latency": ({"ATRIUM_MAX_NUM_SEQS": str(args.latency_slots)}, args.latency_in_flight),
+        }[regime]
         with tempfile.TemporaryDirectory(prefix="atrium-fair-") as tmp:
             server = Server(args, Path(tmp), settings)
             try:
