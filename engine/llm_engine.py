@@ -252,7 +252,12 @@ class LLMEngine:
             return None
         try:
             costs = measure_step_costs(
-                self.runner, self.cache.pool, config.max_num_seqs, config.token_budget, progress
+                self.runner,
+                self.cache.pool,
+                config.max_num_seqs,
+                config.token_budget,
+                progress,
+                self.max_model_len,
             )
         except ValueError as exc:
             log.warning("step_target_off", reason=str(exc))
@@ -266,6 +271,7 @@ class LLMEngine:
             derived=auto,
             fixed_ms=round(costs.fixed_s * 1000, 2),
             per_decode_ms=round(costs.per_decode_s * 1000, 3),
+            per_context_token_us=round(costs.per_context_token_s * 1e6, 3),
             per_prefill_token_ms=round(costs.per_prefill_token_s * 1000, 4),
             max_decodes=target.max_decodes,
         )
@@ -518,7 +524,10 @@ class LLMEngine:
         elapsed = timer.finish()
         target = self.scheduler.target
         if target is not None:
-            target.observe(out.num_decodes, out.num_batched_tokens - out.num_decodes, elapsed)
+            context = sum(seq.request.num_computed_tokens for seq in out.seqs[: out.num_decodes])
+            target.observe(
+                out.num_decodes, out.num_batched_tokens - out.num_decodes, elapsed, context
+            )
 
     def _sample(
         self,

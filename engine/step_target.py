@@ -1,11 +1,14 @@
 """The step-time target: how many decodes and prefill tokens fit in a step that must stay short.
 
-A step's time is modelled as ``fixed + scale × (per_decode × decodes + per_prefill × prefill
-tokens)``, with the three costs measured when the engine starts (``engine/step_calibration.py``)
-and the scale, corrected after every step, for what the model leaves out: contexts grow (a decode
-over 1,300 tokens costs a few times one over the calibration's few), the machine's load moves.
-The fixed part (reading the weights once, launching the layers) does not grow with the contexts,
-so the scale leaves it out: scaling it too took room from the rows that do grow. Every running
+A step's time is modelled as ``fixed + scale × (per_decode × decodes + per_context × the tokens
+those decodes attend to + per_prefill × prefill tokens)``, with the four costs measured when the
+engine starts (``engine/step_calibration.py``) and the scale, corrected after every step, for what
+the model leaves out (the machine's load moves). The context term keeps a decode over 1,300
+tokens, which costs a few times one over the calibration's 128, from reading as a scale that
+would also shrink every prompt's share; the steps ahead are planned at the mean context the
+recent decodes had. The fixed part (reading the weights once, launching the layers) does not grow
+with the contexts, so the scale leaves it out: scaling it too took room from the rows that do
+grow. Every running
 request gets one token a step, so the step time is their time per output token: the scheduler
 admits a new request only while one more decode leaves a share of the step (``PREFILL_SHARE`` of
 what is not fixed) for prefill, and gives prefill chunks what the decodes leave. Under overload
@@ -34,16 +37,20 @@ MIN_SCALE, MAX_SCALE = 0.25, 8.0
 
 @dataclass(frozen=True, slots=True)
 class StepCosts:
-    """Seconds a step costs: once, per decode row, per prefill (or draft) token."""
+    """Seconds a step costs: once, per decode row, per token of context a decode attends to, per
+    prefill (or draft) token."""
 
     fixed_s: float
     per_decode_s: float
     per_prefill_token_s: float
+    per_context_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         values = (self.fixed_s, self.per_decode_s, self.per_prefill_token_s)
-        if not all(math.isfinite(v) for v in values) or self.fixed_s < 0:
-            raise ValueError("step costs must be finite and the fixed cost non-negative")
+        if not all(math.isfinite(v) for v in (*values, self.per_context_token_s)):
+            raise ValueError("step costs must be finite")
+        if self.fixed_s < 0 or self.per_context_token_s < 0:
+            raise ValueError("the fixed and context costs must not be negative")
         if self.per_decode_s <= 0 or self.per_prefill_token_s <= 0:
             raise ValueError("per-row step costs must be positive")
 
@@ -58,7 +65,7 @@ class StepCosts:
         """
         if not 0 < efficiency < 1:
             raise ValueError("efficiency must be between 0 and 1")
-        floor = self.fixed_s + self.per_decode_s  # one decode alone
+        floor = self.fixed_s + self.per_decode_s  # one decode alone (of a short context)
         return max(self.fixed_s / (1 - efficiency), floor)
 
 
@@ -73,6 +80,8 @@ class StepTarget:
     # How far a first token overdue stretches the target this step (the scheduler sets it from
     # the oldest wait for a first token; 1: nobody is overdue).
     stretch: float = 1.0
+    # The tokens a decode attended to in recent steps, on average (smoothed like the scale).
+    context_per_decode: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.target_s > 0 or not math.isfinite(self.target_s):
@@ -80,10 +89,16 @@ class StepTarget:
         if self.min_prefill_tokens <= 0:
             raise ValueError("min_prefill_tokens must be positive")
 
+    @property
+    def per_decode_s(self) -> float:
+        """What a decode row costs at the recent mean context, before the scale."""
+        costs = self.costs
+        return costs.per_decode_s + costs.per_context_token_s * self.context_per_decode
+
     def predict_s(self, num_decodes: int, num_prefill_tokens: int) -> float:
         costs = self.costs
         return costs.fixed_s + self.scale * (
-            costs.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
+            self.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
         )
 
     @property
@@ -97,7 +112,7 @@ class StepTarget:
         left for prefill (at least one)."""
         costs = self.costs
         room = (self.target_s * stretch - costs.fixed_s) * (1 - PREFILL_SHARE)
-        return max(1, int(room / (self.scale * costs.per_decode_s)))
+        return max(1, int(room / (self.scale * self.per_decode_s)))
 
     def prefill_budget(self, num_decodes: int) -> int:
         """Prefill (and draft) tokens that fit beside ``num_decodes`` decodes; at least
@@ -115,12 +130,26 @@ class StepTarget:
         per_token = self.scale * self.costs.per_prefill_token_s
         return max(self.min_prefill_tokens, int(room / per_token))
 
-    def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
-        """Correct the scale by a step that ran ``num_decodes`` decodes and
-        ``num_prefill_tokens`` other tokens in ``seconds``."""
+    def observe(
+        self,
+        num_decodes: int,
+        num_prefill_tokens: int,
+        seconds: float,
+        num_context_tokens: int = 0,
+    ) -> None:
+        """Correct the scale by a step that ran ``num_decodes`` decodes (attending to
+        ``num_context_tokens`` tokens in all) and ``num_prefill_tokens`` other tokens in
+        ``seconds``, and the mean context by its decodes."""
         if num_decodes + num_prefill_tokens <= 0 or not seconds > 0:
             return
         costs = self.costs
-        rows = costs.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
+        if num_decodes:
+            context = num_context_tokens / num_decodes
+            self.context_per_decode += SCALE_SMOOTHING * (context - self.context_per_decode)
+        rows = (
+            costs.per_decode_s * num_decodes
+            + costs.per_context_token_s * num_context_tokens
+            + costs.per_prefill_token_s * num_prefill_tokens
+        )
         ratio = min(max((seconds - costs.fixed_s) / rows, MIN_SCALE), MAX_SCALE)
         self.scale += SCALE_SMOOTHING * (ratio - self.scale)

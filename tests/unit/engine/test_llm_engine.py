@@ -159,7 +159,7 @@ def test_a_step_time_target_measures_costs_and_keeps_outputs_the_same(tiny: Load
     prompts = {f"r{i}": list(range(i, i + 20)) for i in range(6)}
 
     def run(**overrides: object) -> tuple[LLMEngine, dict[str, list[int]]]:
-        engine = make_engine(tiny, num_pages=96, **overrides)
+        engine = make_engine(tiny, **{"num_pages": 96, **overrides})
         for rid, prompt in prompts.items():
             engine.add_request(GenerateRequest(rid, prompt, GREEDY))
         return engine, {rid: tokens_of(out) for rid, out in run_all(engine).items()}
@@ -177,6 +177,12 @@ def test_a_step_time_target_measures_costs_and_keeps_outputs_the_same(tiny: Load
     tight, tight_tokens = run(target_tpot_ms=1e-6)
     assert tight.scheduler.slot_limit == 1
     assert auto_tokens == tight_tokens == reference
+    # A pool with room for the long contexts: their cost is measured, and the steps' decodes
+    # tell the target how much context they attend to.
+    roomy, roomy_tokens = run(target_tpot_ms="auto", num_pages=2048)
+    assert roomy_tokens == reference and pool_is_whole(roomy)
+    assert roomy.scheduler.target is not None
+    assert roomy.scheduler.target.context_per_decode > 0
 
 
 def pool_is_whole(engine: LLMEngine) -> bool:

@@ -53,6 +53,25 @@ def test_slow_rows_raise_the_scale_and_shrink_what_fits_but_not_the_fixed_cost()
     assert unchanged.scale == 1.0
 
 
+def test_long_contexts_cost_decodes_but_leave_the_prompts_share_alone() -> None:
+    # 1 us a context token: a decode over 1,000 tokens costs 3 ms, not 2.
+    costs = StepCosts(0.010, 0.002, 0.0005, per_context_token_s=0.000001)
+    target = StepTarget(0.050, costs, min_prefill_tokens=4)
+    for _ in range(200):  # steps of 10 decodes over 1,000 tokens each, all as modelled
+        target.observe(10, 0, 0.010 + 10 * 0.003, num_context_tokens=10 * 1000)
+    assert target.scale == pytest.approx(1.0, rel=0.02)
+    assert target.context_per_decode == pytest.approx(1000, rel=0.02)
+    assert target.max_decodes == 10  # (50 ms - 10 ms) x 3/4 / 3 ms
+    assert target.prefill_budget(10) == pytest.approx(20, abs=1)  # 10 ms left at 0.5 ms a token
+    # Without the context cost the same steps read as decodes 1.5 times the model, and the scale
+    # would shrink the prompts' share by as much.
+    blind = StepTarget(0.050, COSTS, min_prefill_tokens=4)
+    for _ in range(200):
+        blind.observe(10, 0, 0.010 + 10 * 0.003)
+    assert blind.scale == pytest.approx(1.5, rel=0.02)
+    assert blind.prefill_budget(10) == pytest.approx(13, abs=1)
+
+
 @pytest.mark.parametrize(
     ("fixed", "decode", "token"),
     [(-1.0, 0.1, 0.1), (0.1, 0.0, 0.1), (0.1, 0.1, 0.0), (float("nan"), 0.1, 0.1)],
@@ -62,6 +81,9 @@ def test_costs_refuse_values_that_cannot_be_a_machine(
 ) -> None:
     with pytest.raises(ValueError):
         StepCosts(fixed, decode, token)
+    for context in (-1e-6, float("inf")):
+        with pytest.raises(ValueError):
+            StepCosts(0.1, 0.1, 0.1, per_context_token_s=context)
 
 
 @pytest.mark.parametrize("target_s", [0.0, -0.01, float("inf")])
