@@ -111,8 +111,7 @@ class StepBudget:
         work runs. Within a step-time target, the decodes of tenants served far more
         (``policy.decode_lead``) than a tenant whose prompt is ``pending`` (admitted, or the
         waiting head with a free slot) sit this step out, the most-served first, until the step
-        has room for that prompt, or all of them, step after step, while the prompt is too long
-        for one step but ends within the first-token target that way: a flood's decodes
+        has room for that prompt (when sitting out can make it fit at all): a flood's decodes
         then do not lengthen the first token of the tenants it would crowd out, and its counter
         stands still while theirs catch up. Tenants ahead by ``policy.yield_lead`` or more sit
         out with all their work, so the prompt's step is as short as its own tenants' work
@@ -131,10 +130,10 @@ class StepBudget:
         )
         num_kept = len(decodes)
         smallest = min(r.num_remaining_tokens for r in pending if served(r.tenant_id) <= threshold)
-        if not self._ends_in_time(smallest, target.prefill_budget(num_kept - len(ahead))):
-            # Not even all of them sitting out would let one of these prompts end in time (long
-            # prompts): they would sit out step after step for nothing a user waits on, so none
-            # does, and the prompts go on at the prefill share every step has.
+        if target.prefill_budget(num_kept - len(ahead)) < smallest:
+            # Not even all of them sitting out would let one of these prompts end in this step
+            # (long prompts): they would sit out step after step, so none does, and the prompts
+            # go on at the prefill share every step has.
             return decodes, [], set()
         deferred: set[str] = set()
         sitting: set[str] = set()
@@ -151,17 +150,6 @@ class StepBudget:
             return decodes, [], sitting
         kept = [r for r in decodes if r.request_id not in deferred]
         return kept, [r for r in decodes if r.request_id in deferred], sitting
-
-    def _ends_in_time(self, num_tokens: int, per_step: int) -> bool:
-        """Whether a prompt of ``num_tokens`` ends in time at ``per_step`` tokens a step: within
-        the first-token target when one is set (steps of the stretched target's length), else
-        within this step."""
-        target = self.target
-        assert target is not None
-        steps = -(-num_tokens // per_step)
-        if self.ttft_target_s is None:
-            return steps <= 1
-        return steps * target.target_s * target.stretch <= self.ttft_target_s
 
     def trim_decodes_ahead(
         self, decodes: list[Request], prefills: list[Request], policy: AdmissionPolicy

@@ -653,45 +653,6 @@ def test_within_a_target_no_decode_sits_out_for_a_prompt_no_step_could_hold() ->
     sim.assert_no_leaks()
 
 
-@pytest.mark.parametrize("first_token_target", [True, False])
-def test_within_a_first_token_target_decodes_ahead_sit_out_until_a_long_prompt_ends(
-    first_token_target: bool,
-) -> None:
-    # The 400-token prompt of the test above, with the flood far ahead: with every flood decode
-    # out a step holds 170 of its tokens, so it ends in three 20 ms steps. Within a 1 s
-    # first-token target the flood sits out for it from the start (170, 170, then 60 beside
-    # every decode); without one, no step could hold the prompt, so nobody sits out until what
-    # is left fits one step (89 beside every decode three times, then 133: four steps).
-    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
-    sim = Simulation(
-        make_cache(False, 1024, 4),
-        256,
-        16,
-        policy=FairSharePolicy(level_band=16.0, decode_lead=16.0),
-        target=target,
-    )
-    sim.scheduler.ttft_target_s = 1.0 if first_token_target else None
-    sim.scheduler.clock = lambda: 0.0  # nobody overdue: the target does not stretch
-    sim.add("quiet0", [9, 9, 9, 9], 100, tenant="quiet")
-    sim.step()
-    floods = [sim.add(f"flood{i}", [i, 1, 2, 3], 200, tenant="flood") for i in range(8)]
-    for _ in range(40):  # the flood is served 8 tokens a step, quiet 1
-        sim.step()
-    long_prompt = sim.add("quiet1", list(range(200, 600)), max_tokens=4, tenant="quiet")
-    chunks, num_floods = [], []
-    while not long_prompt.output_token_ids:
-        ran = {s.request.request_id: s.num_new_tokens for s in sim.step().seqs}
-        chunks.append(ran["quiet1"])
-        num_floods.append(sum(1 for f in floods if f.request_id in ran))
-    if first_token_target:
-        assert chunks == [170, 170, 60] and num_floods == [0, 0, 8]
-    else:
-        assert chunks == [89, 89, 89, 133] and num_floods == [8, 8, 8, 3]
-    sim.run()
-    assert long_prompt.is_finished
-    sim.assert_no_leaks()
-
-
 @pytest.mark.parametrize("fair", [False, True])
 def test_background_decodes_sit_out_the_steps_of_a_foreground_prompt(fair: bool) -> None:
     policy = FairSharePolicy() if fair else FifoPolicy()
