@@ -191,6 +191,7 @@ class FairSharePolicy(AdmissionPolicy):
 
     def add(self, request: Request) -> None:
         cached = self._prefix_len(request) if self._prefix_len else 0
+        request.cached_on_arrival = cached
         self._push(request, -float(cached))
         # New work only: a preempted or deferred request's count is out of date.
         self._tenants[request.tenant_id].caller_requests = request.tenant_requests

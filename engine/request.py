@@ -52,6 +52,7 @@ class Request:
     num_tree_pages: int = 0  # leading block table entries already handed to the cache
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the cache at first admission; -1: not yet
+    cached_on_arrival: int = 0  # prompt tokens the cache held when it arrived (fair share measures)
     cache_node: object | None = None
     status: RequestStatus = RequestStatus.WAITING
     admitted_index: int = -1  # order of the latest admission into the running set

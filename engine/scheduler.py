@@ -166,7 +166,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
         step_budget = self.budget
-        step_budget.begin_step()
+        step_budget.begin_step(sum(r.num_remaining_tokens == 1 for r in self.running))
         self._slot_limit = self.slot_limit
         self.policy.begin_step()
         self._free_slot_for_fairness(out)

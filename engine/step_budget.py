@@ -3,8 +3,9 @@
 The scheduler asks it four things each step, all within a step-time target
 (``engine/step_target.py``; without one every answer lets everything in):
 
-- **how far the target stretches**: by the square of the oldest wait for a first token over the
-  first-token target, once past it (``begin_step``);
+- **how far the target stretches**: as far as the first-token deadlines still ahead need, and by
+  the square of the oldest wait for a first token over the first-token target once past it
+  (``begin_step``);
 - **how many requests run** (``slot_limit``), and whether a waiting request is admitted past
   that limit because its tenant is served far less than one already running
   (``admits_past_limit``);
@@ -61,23 +62,42 @@ class StepBudget:
         if self.first_token_target:
             self._awaiting_first.append((arrived, request))
 
-    def begin_step(self) -> None:
+    def begin_step(self, num_decodes: int = 0) -> None:
+        """Set the step's stretch, for a step that runs ``num_decodes`` decodes."""
         if self.target is not None:
-            self.target.stretch = self._stretch()
+            self.target.stretch = self._stretch(num_decodes)
 
-    def _stretch(self) -> float:
-        """How far the step-time target stretches this step: by the square of the oldest
-        first-token wait over the first-token target, once it is past it (amortized O(1):
-        requests leave the front once they have a token or are gone)."""
+    def _stretch(self, num_decodes: int) -> float:
+        """How far the step-time target stretches this step: as far as every first token that
+        can still come by its deadline (arrival plus the first-token target) needs, and at least
+        by the square of the oldest wait over the first-token target once it is past it.
+
+        The deadlines are met in arrival order: the k-th waiting request's first token needs the
+        prompt tokens left of the k oldest computed by its deadline
+        (``StepTarget.stretch_to_prefill``). A deadline no step length can meet stretches
+        nothing until it has passed (a queue too long for the machine degrades time per output
+        token by how late first tokens are, not all at once). O(requests waiting for a first
+        token); the front leaves once it has a token or is gone."""
         pending = self._awaiting_first
         while pending and (
             pending[0][1].output_token_ids or pending[0][1].status is RequestStatus.FINISHED
         ):
             pending.popleft()
-        if not pending or self.ttft_target_s is None:
+        target, ttft = self.target, self.ttft_target_s
+        if not pending or ttft is None or target is None:
             return 1.0
-        overdue = (self.clock() - pending[0][0]) / self.ttft_target_s
-        return min(max(1.0, overdue * overdue), MAX_STRETCH)
+        now = self.clock()
+        overdue = (now - pending[0][0]) / ttft
+        stretch = max(1.0, overdue * overdue)
+        num_tokens = 0
+        for arrived, request in pending:
+            if request.output_token_ids or request.status is RequestStatus.FINISHED:
+                continue
+            num_tokens += _prompt_left(request)
+            need = target.stretch_to_prefill(num_tokens, arrived + ttft - now, num_decodes)
+            if need <= MAX_STRETCH:
+                stretch = max(stretch, need)
+        return min(stretch, MAX_STRETCH)
 
     def slot_limit(self, max_num_seqs: int) -> int:
         """Requests that may run at once now: the slots, or fewer while the step-time target
@@ -196,3 +216,10 @@ class StepBudget:
         if self.ttft_target_s is not None:
             room = max(room, target.prefill_share())
         return max(0, budget - room)
+
+
+def _prompt_left(request: Request) -> int:
+    """Prompt tokens still to compute for ``request``'s first token: those past what is computed,
+    or, before its admission, past the prefix the cache held when it arrived."""
+    done = max(request.num_computed_tokens, request.cached_on_arrival)
+    return max(1, request.num_prompt_tokens - done)

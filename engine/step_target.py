@@ -33,6 +33,9 @@ PREFILL_SHARE = 0.25
 # page fault, another process) barely moves it.
 SCALE_SMOOTHING = 0.042
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
+# The most of a step's time prompts take, stretching it, for first tokens not yet late: beyond
+# it each prompt token would cost decodes ever more time (decodes keep at least the rest).
+DEADLINE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,32 @@ class StepTarget:
         costs = self.costs
         room = (self.target_s * stretch - costs.fixed_s) * (1 - PREFILL_SHARE)
         return max(1, int(room / (self.scale * self.per_decode_s)))
+
+    def stretch_to_prefill(self, num_tokens: int, seconds: float, num_decodes: int) -> float:
+        """How far the target must stretch for steps of ``num_decodes`` decodes to compute
+        ``num_tokens`` prompt tokens within ``seconds`` (the last step counted whole): 1 where
+        the unstretched steps do, infinite where that would take more than ``DEADLINE_SHARE`` of
+        the time.
+
+        A step of length ``S`` leaves ``S - rest`` beside its fixed part and decodes (``rest``)
+        to prompt tokens at ``c`` seconds each, so the prompts get the fraction ``1 - rest / S``
+        of the time; they need ``busy = num_tokens · c / seconds`` of it, which a step reaches at
+        ``S = rest / (1 - busy)``. Unstretched, they get what the decodes leave of the target,
+        and never less than ``PREFILL_SHARE`` of what is not fixed."""
+        if num_tokens <= 0:
+            return 1.0
+        seconds -= self.target_s
+        per_token = self.scale * self.costs.per_prefill_token_s
+        if seconds <= 0:
+            return math.inf
+        busy = num_tokens * per_token / seconds
+        if busy > DEADLINE_SHARE:
+            return math.inf
+        rest = self.predict_s(num_decodes, 0)
+        given = max(self.target_s - rest, (self.target_s - self.costs.fixed_s) * PREFILL_SHARE)
+        if given / max(self.target_s, rest + given) >= busy:
+            return 1.0
+        return max(1.0, rest / (1 - busy) / self.target_s)
 
     def prefill_budget(self, num_decodes: int) -> int:
         """Prefill (and draft) tokens that fit beside ``num_decodes`` decodes; at least

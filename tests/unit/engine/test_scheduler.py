@@ -779,6 +779,40 @@ def test_a_first_token_overdue_stretches_the_target_until_it_comes() -> None:
     assert target.stretch == pytest.approx(16.0) and late.status is RequestStatus.RUNNING
 
 
+def _first_token_after(ttft_target_s: float | None, prompt_len: int) -> float:
+    """Seconds (on a virtual clock advanced by each step's modelled time) a prompt of
+    ``prompt_len`` tokens waits for its first token beside 12 long decodes, with a 20 ms step
+    target that leaves prompts 6 ms (60 tokens) of each step."""
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 4096, 4), 8192, 32, target=target)
+    now = [0.0]
+    sim.scheduler.ttft_target_s = ttft_target_s
+    sim.scheduler.clock = lambda: now[0]
+
+    def step() -> None:
+        out = sim.step()
+        now[0] += target.predict_s(out.num_decodes, out.num_batched_tokens - out.num_decodes)
+
+    decodes = [sim.add(f"d{i}", [i, 1, 2, 3], 10_000) for i in range(12)]
+    while not all(r.output_token_ids for r in decodes):
+        step()
+    arrived = now[0]
+    prompt = sim.add("prompt", list(range(prompt_len)), 4)
+    while not prompt.output_token_ids:
+        step()
+    assert len(sim.scheduler.running) == 13
+    return now[0] - arrived
+
+
+def test_a_prompt_gets_its_first_token_by_its_deadline_beside_long_decodes() -> None:
+    # 4,000 tokens at 60 a step take 67 steps (1.3 s); within a 1 s first-token target the
+    # steps stretch just enough (to about 24 ms, 97 tokens) for the first token to come in time.
+    assert _first_token_after(None, 4000) > 1.3
+    assert 0.9 < _first_token_after(1.0, 4000) <= 1.0
+    # A prompt the unstretched steps bring in time stretches nothing.
+    assert _first_token_after(1.0, 1000) == pytest.approx(_first_token_after(None, 1000))
+
+
 def test_without_a_first_token_target_the_step_target_never_stretches() -> None:
     target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
     sim = Simulation(make_cache(False, 512, 4), 256, 32, target=target)

@@ -10,7 +10,7 @@ from engine.preemption import page_victim, slot_victim
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampling_params import SamplingParams
 from engine.step_budget import MAX_STRETCH, StepBudget
-from engine.step_target import StepCosts, StepTarget
+from engine.step_target import DEADLINE_SHARE, StepCosts, StepTarget
 from radix_cache.prefix_cache import tenant_namespace
 
 COSTS = StepCosts(0.002, 0.001, 0.0001)  # 2 ms a step, 1 ms a decode, 0.1 ms a prompt token
@@ -58,6 +58,48 @@ def test_the_stretch_is_the_square_of_the_oldest_overdue_wait_up_to_a_bound() ->
     now[0] = 2.5
     budget.begin_step()
     assert target.stretch == pytest.approx(4.0)
+
+
+def test_the_stretch_a_prompt_needs_by_its_deadline() -> None:
+    target = StepTarget(0.020, COSTS)  # beside 10 decodes: 8 ms of a 20 ms step for prompts
+    # 100 tokens in a second need 1% of the time: the unstretched steps give them 40%.
+    assert target.stretch_to_prefill(100, 1.0, 10) == 1.0
+    # 800 tokens in 0.2 s (0.18 s once the last step is counted whole) need 44% of the time:
+    # steps of 12 ms / (1 - 0.444) = 21.6 ms.
+    assert target.stretch_to_prefill(800, 0.2, 10) == pytest.approx(0.012 / (1 - 4 / 9) / 0.02)
+    # 1,000 tokens would need 56% of every step: more than DEADLINE_SHARE, no stretch brings them.
+    assert DEADLINE_SHARE == 0.5
+    assert target.stretch_to_prefill(1000, 0.2, 10) == float("inf")
+    assert target.stretch_to_prefill(10, 0.01, 10) == float("inf")  # due within this step
+    target.scale = 2.0  # a machine twice as slow as measured: 400 tokens need 44% of the time
+    assert target.stretch_to_prefill(400, 0.2, 10) == pytest.approx(0.022 / (1 - 4 / 9) / 0.02)
+
+
+def test_first_tokens_that_can_still_come_in_time_stretch_the_target_in_arrival_order() -> None:
+    now = [0.0]
+    target = StepTarget(0.020, COSTS)
+    budget = StepBudget(target, 1.0, clock=lambda: now[0])
+    first, second = _request("a", "t", num_prompt=1000), _request("b", "t", num_prompt=3000)
+    first.cached_on_arrival = 400  # 600 tokens to compute
+    budget.watch(first, 0.0)
+    budget.watch(second, 0.0)
+    now[0] = 0.8
+    budget.begin_step(10)
+    # The first alone needs 600 tokens in 0.18 s: 1/3 of the time, which unstretched steps give.
+    # Both (3,600 tokens) could not come in time: they stretch nothing (yet).
+    assert target.stretch == 1.0
+    now[0] = 0.85  # 600 tokens in 0.13 s: 46% of the time
+    budget.begin_step(10)
+    assert target.stretch == pytest.approx(0.012 / (1 - 0.06 / 0.13) / 0.02)
+    first.num_computed_tokens = 700  # admitted, 300 computed past its cached prefix
+    budget.begin_step(10)
+    assert target.stretch == 1.0
+    now[0] = 0.95  # 300 tokens in 0.03 s: all of it, more than DEADLINE_SHARE
+    budget.begin_step(10)
+    assert target.stretch == 1.0
+    now[0] = 1.5  # both late: the square of the oldest wait over the target, as before
+    budget.begin_step(10)
+    assert target.stretch == pytest.approx(2.25)
 
 
 def test_without_a_first_token_target_nothing_stretches_or_passes_the_slot_limit() -> None:
