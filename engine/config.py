@@ -49,7 +49,7 @@ class EngineConfig:
     speculative_ngram: int = 3
     speculative_max_batch: int | None = None
     target_tpot_ms: float | Literal["auto"] | None = None
-    # Past this wait for a first token, the step-time target stretches (None: never).
+    # Each request's first-token deadline, which the step-time target stretches for (None: none).
     target_ttft_ms: float | None = None
     dtype: str = "bfloat16"
     device: str = "cpu"

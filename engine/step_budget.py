@@ -74,10 +74,11 @@ class StepBudget:
 
         The deadlines are met in arrival order: the k-th waiting request's first token needs the
         prompt tokens left of the k oldest computed by its deadline
-        (``StepTarget.stretch_to_prefill``). A deadline no step length can meet stretches
-        nothing until it has passed (a queue too long for the machine degrades time per output
-        token by how late first tokens are, not all at once). O(requests waiting for a first
-        token); the front leaves once it has a token or is gone."""
+        (``StepTarget.stretch_to_prefill``). A deadline that would need more than
+        ``DEADLINE_SHARE`` of every step stretches nothing until it has passed (a queue too long
+        for the machine degrades time per output token by how late first tokens are, not all at
+        once). O(requests waiting for a first token, as far as the work one first-token target
+        holds); the front leaves once it has a token or is gone."""
         pending = self._awaiting_first
         while pending and (
             pending[0][1].output_token_ids or pending[0][1].status is RequestStatus.FINISHED
@@ -90,10 +91,14 @@ class StepBudget:
         overdue = (now - pending[0][0]) / ttft
         stretch = max(1.0, overdue * overdue)
         num_tokens = 0
+        # No deadline is further than the first-token target: past this much work, none is met.
+        most = target.most_prefill_within(ttft)
         for arrived, request in pending:
             if request.output_token_ids or request.status is RequestStatus.FINISHED:
                 continue
             num_tokens += _prompt_left(request)
+            if num_tokens > most:
+                break
             need = target.stretch_to_prefill(num_tokens, arrived + ttft - now, num_decodes)
             if need <= MAX_STRETCH:
                 stretch = max(stretch, need)

@@ -143,6 +143,12 @@ class StepTarget:
             return 1.0
         return max(1.0, rest / (1 - busy) / self.target_s)
 
+    def most_prefill_within(self, seconds: float) -> float:
+        """The most prompt tokens ``stretch_to_prefill`` finds a stretch for within ``seconds``
+        (more, on any number of decodes, need more than ``DEADLINE_SHARE`` of the time)."""
+        per_token = self.scale * self.costs.per_prefill_token_s
+        return DEADLINE_SHARE * (seconds - self.target_s) / per_token
+
     def prefill_budget(self, num_decodes: int) -> int:
         """Prefill (and draft) tokens that fit beside ``num_decodes`` decodes; at least
         ``min_prefill_tokens``, so that waiting work always moves on."""

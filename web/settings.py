@@ -91,8 +91,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # The longest a step may take, so each running request's time per output token: "auto"
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
-    # Past this wait for a first token, the step-time target stretches (by the square of the
-    # wait over it) and decodes beyond the target run by weight: milliseconds, or "off".
+    # Each request's first-token deadline: the step-time target stretches to meet it (by the
+    # square of the wait over it once late) and decodes beyond the target run by weight:
+    # milliseconds, or "off".
     target_ttft_ms: str = "2000"
     # Default max_tokens when a request names none: the remaining context, capped at this.
     default_max_tokens_cap: int = 1024

@@ -209,8 +209,8 @@ def register(subparsers: Any) -> None:
         "--target-ttft-ms",
         dest="target_ttft_ms",
         default=None,
-        help="past this wait for a first token the step-time target stretches and the "
-        "decodes past it run by weight: ms (default 2000), or off",
+        help="each request's first-token deadline: the step-time target stretches to meet it "
+        "and the decodes past it run by weight: ms (default 2000), or off",
     )
     parser.add_argument(
         "--cuda-graphs",
