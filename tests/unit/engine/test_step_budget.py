@@ -102,6 +102,33 @@ def test_first_tokens_that_can_still_come_in_time_stretch_the_target_in_arrival_
     assert target.stretch == pytest.approx(2.25)
 
 
+class _PlanCounted(StepTarget):
+    """A step target that records the work of each deadline planned for."""
+
+    planned: list[int]
+
+    def stretch_to_prefill(self, num_tokens: int, seconds: float, num_decodes: int) -> float:
+        self.planned.append(num_tokens)
+        return super().stretch_to_prefill(num_tokens, seconds, num_decodes)
+
+
+def test_a_long_queue_costs_the_plan_only_the_requests_one_target_could_serve() -> None:
+    now = [0.0]
+    target = _PlanCounted(0.020, COSTS)
+    target.planned = []
+    budget = StepBudget(target, 1.0, clock=lambda: now[0])
+    for i in range(1000):
+        budget.watch(_request(f"r{i}", "flood", num_prompt=500), 0.0)
+    now[0] = 0.1
+    budget.begin_step(10)
+    # Half of one 1 s target (less the step in flight) holds 4,900 tokens: the first nine
+    # requests' 4,500 are planned, and nobody after them could be served in time.
+    assert target.planned == [500 * (i + 1) for i in range(9)]
+    # The oldest eight requests' 4,000 tokens in 0.88 s need 45% of the time, which steps of
+    # 12 ms / (1 - 0.45) give; the nine's 4,500 would need 51%, more than DEADLINE_SHARE.
+    assert target.stretch == pytest.approx(0.012 / (1 - 0.4 / 0.88) / 0.02)
+
+
 def test_without_a_first_token_target_nothing_stretches_or_passes_the_slot_limit() -> None:
     target = StepTarget(0.020, COSTS)
     budget = StepBudget(target, None, clock=lambda: 100.0)
