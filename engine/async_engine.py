@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import queue
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
@@ -88,6 +90,8 @@ class EngineClient(ABC):
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(outputs.put_nowait, item)
 
+        if request.arrived_at is None:  # its first-token deadline counts from now
+            request = dataclasses.replace(request, arrived_at=time.monotonic())
         self._submit(request, sink)
         done = False
         try:

@@ -332,6 +332,7 @@ class LLMEngine:
             allow_public_prefix=request.allow_public_prefix and adapter is None,
             background=request.background,
             tenant_requests=request.tenant_requests,
+            arrived_at=request.arrived_at,
             generator=generator,
             publish=request.publish,
             lora=adapter,

@@ -40,6 +40,9 @@ class GenerateRequest:
     # step in which a prompt of foreground work waits or is prefilled, so that prompt's first
     # token comes as if alone.
     background: bool = False
+    # ``time.monotonic()`` when the caller accepted it: its first-token deadline counts from
+    # then, not from when the engine, busy with a step, takes it (None: from then).
+    arrived_at: float | None = None
 
 
 class StepTrace(NamedTuple):

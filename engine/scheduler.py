@@ -157,7 +157,10 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.queued_at = now = self.clock()
         self.policy.add(request)
-        self.budget.watch(request, now)
+        arrived = request.arrived_at
+        # Its first-token deadline counts from when the caller accepted it: a request that
+        # came during a long step has already waited that long.
+        self.budget.watch(request, now if arrived is None else min(now, arrived))
 
     # -- schedule -------------------------------------------------------------------------
 

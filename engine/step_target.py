@@ -1,14 +1,19 @@
 """The step-time target: how many decodes and prefill tokens fit in a step that must stay short.
 
 A step's time is modelled as ``fixed + scale × (per_decode × decodes + per_context × the tokens
-those decodes attend to + per_prefill × prefill tokens)``, with the four costs measured when the
-engine starts (``engine/step_calibration.py``) and the scale, corrected after every step, for what
-the model leaves out (the machine's load moves). The context term keeps a decode over 1,300
-tokens, which costs a few times one over the calibration's 128, from reading as a scale that
-would also shrink every prompt's share; the steps ahead are planned at the mean context the
-recent decodes had. The fixed part (reading the weights once, launching the layers) does not grow
-with the contexts, so the scale leaves it out: scaling it too took room from the rows that do
-grow. Every running
+those decodes attend to) + prefill_scale × per_prefill × prefill tokens``, with the four costs
+measured when the engine starts (``engine/step_calibration.py``) and the two scales, corrected
+after every step, for what the model leaves out (the machine's load moves; a prompt chunk deep
+into a long prompt attends to more than the calibration's). Each scale is corrected by the share
+of the step its rows were predicted to take: a decode-only step moves only the decodes' scale, a
+prompt-only step only the prompts'. One scale for both read the cost of a lone decode (whose
+Python and launches the fixed part underestimates) as prompts costing twice the calibration,
+and a burst of prompts beside one decode was then planned at half the rate it ran at. The
+context term keeps a decode over 1,300 tokens, which costs a few times one over the
+calibration's 128, from reading as a scale that would also shrink every prompt's share; the steps
+ahead are planned at the mean context the recent decodes had. The fixed part (reading the weights
+once, launching the layers) does not grow with the contexts, so the scales leave it out: scaling
+it too took room from the rows that do grow. Every running
 request gets one token a step, so the step time is their time per output token: the scheduler
 admits a new request only while one more decode leaves a share of the step (``PREFILL_SHARE`` of
 what is not fixed) for prefill, and gives prefill chunks what the decodes leave. Under overload
@@ -28,9 +33,9 @@ DEFAULT_EFFICIENCY = 0.8
 # Of a step's time beyond its fixed cost, what full batches of decodes leave for prefill chunks:
 # new requests then start within a few steps rather than at a few tokens a step.
 PREFILL_SHARE = 0.25
-# The scale moves a fraction of the way to each step's measured/modelled ratio of the rows' time
-# (the step's beyond the fixed cost): a half-life of about sixteen steps, so one slow step (a
-# page fault, another process) barely moves it.
+# Each scale moves a fraction of the way to each step's measured/modelled ratio of the rows' time
+# (the step's beyond the fixed cost), times its rows' share of that time: a half-life of about
+# sixteen steps of its rows, so one slow step (a page fault, another process) barely moves it.
 SCALE_SMOOTHING = 0.042
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 # The most of a step's time prompts take, stretching it, for first tokens not yet late: beyond
@@ -74,12 +79,13 @@ class StepCosts:
 
 @dataclass(slots=True)
 class StepTarget:
-    """What fits within ``target_s`` a step, by the costs times the running scale."""
+    """What fits within ``target_s`` a step, by the costs times the running scales."""
 
     target_s: float
     costs: StepCosts
     min_prefill_tokens: int = 16  # a step always moves prefill on by this much
-    scale: float = 1.0
+    scale: float = 1.0  # the decode rows' (and their contexts')
+    prefill_scale: float = 1.0  # the prompt (and draft) tokens'
     # How far a first token overdue stretches the target this step (the scheduler sets it from
     # the oldest wait for a first token; 1: nobody is overdue).
     stretch: float = 1.0
@@ -100,8 +106,10 @@ class StepTarget:
 
     def predict_s(self, num_decodes: int, num_prefill_tokens: int) -> float:
         costs = self.costs
-        return costs.fixed_s + self.scale * (
-            self.per_decode_s * num_decodes + costs.per_prefill_token_s * num_prefill_tokens
+        return (
+            costs.fixed_s
+            + self.scale * self.per_decode_s * num_decodes
+            + self.prefill_scale * costs.per_prefill_token_s * num_prefill_tokens
         )
 
     @property
@@ -131,7 +139,7 @@ class StepTarget:
         if num_tokens <= 0:
             return 1.0
         seconds -= self.target_s
-        per_token = self.scale * self.costs.per_prefill_token_s
+        per_token = self.prefill_scale * self.costs.per_prefill_token_s
         if seconds <= 0:
             return math.inf
         busy = num_tokens * per_token / seconds
@@ -146,7 +154,7 @@ class StepTarget:
     def most_prefill_within(self, seconds: float) -> float:
         """The most prompt tokens ``stretch_to_prefill`` finds a stretch for within ``seconds``
         (more, on any number of decodes, need more than ``DEADLINE_SHARE`` of the time)."""
-        per_token = self.scale * self.costs.per_prefill_token_s
+        per_token = self.prefill_scale * self.costs.per_prefill_token_s
         return DEADLINE_SHARE * (seconds - self.target_s) / per_token
 
     def prefill_budget(self, num_decodes: int) -> int:
@@ -155,14 +163,14 @@ class StepTarget:
         room = self.target_s * self.stretch - self.predict_s(num_decodes, 0)
         if room <= 0:
             return self.min_prefill_tokens
-        per_token = self.scale * self.costs.per_prefill_token_s
+        per_token = self.prefill_scale * self.costs.per_prefill_token_s
         return max(self.min_prefill_tokens, int(room / per_token))
 
     def prefill_share(self) -> int:
         """Prefill (and draft) tokens in the share of the (stretched) target that full batches
         of decodes leave (``PREFILL_SHARE``); at least ``min_prefill_tokens``."""
         room = (self.target_s * self.stretch - self.costs.fixed_s) * PREFILL_SHARE
-        per_token = self.scale * self.costs.per_prefill_token_s
+        per_token = self.prefill_scale * self.costs.per_prefill_token_s
         return max(self.min_prefill_tokens, int(room / per_token))
 
     def observe(
@@ -172,19 +180,29 @@ class StepTarget:
         seconds: float,
         num_context_tokens: int = 0,
     ) -> None:
-        """Correct the scale by a step that ran ``num_decodes`` decodes (attending to
+        """Correct the scales by a step that ran ``num_decodes`` decodes (attending to
         ``num_context_tokens`` tokens in all) and ``num_prefill_tokens`` other tokens in
-        ``seconds``, and the mean context by its decodes."""
+        ``seconds``, and the mean context by its decodes. The step's measured/modelled ratio of
+        the rows' time moves each scale by the share of that time its rows were predicted to
+        take."""
         if num_decodes + num_prefill_tokens <= 0 or not seconds > 0:
             return
         costs = self.costs
         if num_decodes:
             context = num_context_tokens / num_decodes
             self.context_per_decode += SCALE_SMOOTHING * (context - self.context_per_decode)
-        rows = (
-            costs.per_decode_s * num_decodes
-            + costs.per_context_token_s * num_context_tokens
-            + costs.per_prefill_token_s * num_prefill_tokens
+        decode_rows = self.scale * (
+            costs.per_decode_s * num_decodes + costs.per_context_token_s * num_context_tokens
         )
-        ratio = min(max((seconds - costs.fixed_s) / rows, MIN_SCALE), MAX_SCALE)
-        self.scale += SCALE_SMOOTHING * (ratio - self.scale)
+        prefill_rows = self.prefill_scale * costs.per_prefill_token_s * num_prefill_tokens
+        rows = decode_rows + prefill_rows
+        ratio = (seconds - costs.fixed_s) / rows
+        step = SCALE_SMOOTHING / rows
+        self.scale = _moved(self.scale, ratio, step * decode_rows)
+        self.prefill_scale = _moved(self.prefill_scale, ratio, step * prefill_rows)
+
+
+def _moved(scale: float, ratio: float, rate: float) -> float:
+    """``scale`` moved ``rate`` of the way to ``scale × ratio``, within the bounds."""
+    wanted = min(max(scale * ratio, MIN_SCALE), MAX_SCALE)
+    return scale + rate * (wanted - scale)

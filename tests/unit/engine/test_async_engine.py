@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -118,5 +119,34 @@ def test_a_dying_loop_fails_pending_requests_and_refuses_new_ones(tiny: LoadedMo
                 await collect(engine, request("next"))
         finally:
             await engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_request_is_stamped_with_its_arrival_before_the_loop_takes_it(
+    tiny: LoadedModel,
+) -> None:
+    async def main() -> None:
+        llm = LLMEngine(tiny, EngineConfig(num_pages=32, max_num_batched_tokens=64, max_num_seqs=8))
+        taken: list[float | None] = []
+        add = llm.add_request
+
+        def spy(request: GenerateRequest) -> None:
+            taken.append(request.arrived_at)
+            add(request)
+
+        llm.add_request = spy  # type: ignore[method-assign]
+        engine = AsyncEngine(llm)
+        engine.start()
+        try:
+            before = time.monotonic()
+            await collect(engine, request("stamped"))
+            given = greedy_request("given", list(range(1, 11)), 2)
+            given.arrived_at = before - 5.0  # the caller's own stamp is kept
+            await collect(engine, given)
+        finally:
+            await engine.shutdown()
+        assert taken[0] is not None and before <= taken[0] <= time.monotonic()
+        assert taken[1] == before - 5.0
 
     asyncio.run(main())

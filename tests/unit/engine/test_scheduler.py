@@ -149,6 +149,7 @@ class Simulation:
         max_tokens: int,
         tenant: str = "t",
         weight: float = 1.0,
+        arrived_at: float | None = None,
     ) -> Request:
         request = Request(
             request_id=request_id,
@@ -160,6 +161,7 @@ class Simulation:
             arrival_index=0,
         )
         request.tenant_weight = weight
+        request.arrived_at = arrived_at
         self.scheduler.add(request)
         return request
 
@@ -779,10 +781,13 @@ def test_a_first_token_overdue_stretches_the_target_until_it_comes() -> None:
     assert target.stretch == pytest.approx(16.0) and late.status is RequestStatus.RUNNING
 
 
-def _first_token_after(ttft_target_s: float | None, prompt_len: int) -> float:
+def _first_token_after(
+    ttft_target_s: float | None, prompt_len: int, waited_s: float | None = None
+) -> float:
     """Seconds (on a virtual clock advanced by each step's modelled time) a prompt of
     ``prompt_len`` tokens waits for its first token beside 12 long decodes, with a 20 ms step
-    target that leaves prompts 6 ms (60 tokens) of each step."""
+    target that leaves prompts 6 ms (60 tokens) of each step; with ``waited_s``, counted from
+    its arrival that long before the scheduler takes it."""
     target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
     sim = Simulation(make_cache(False, 4096, 4), 8192, 32, target=target)
     now = [0.0]
@@ -796,8 +801,8 @@ def _first_token_after(ttft_target_s: float | None, prompt_len: int) -> float:
     decodes = [sim.add(f"d{i}", [i, 1, 2, 3], 10_000) for i in range(12)]
     while not all(r.output_token_ids for r in decodes):
         step()
-    arrived = now[0]
-    prompt = sim.add("prompt", list(range(prompt_len)), 4)
+    arrived = now[0] - (waited_s or 0.0)
+    prompt = sim.add("prompt", list(range(prompt_len)), 4, arrived_at=arrived if waited_s else None)
     while not prompt.output_token_ids:
         step()
     assert len(sim.scheduler.running) == 13
@@ -811,6 +816,14 @@ def test_a_prompt_gets_its_first_token_by_its_deadline_beside_long_decodes() -> 
     assert 0.9 < _first_token_after(1.0, 4000) <= 1.0
     # A prompt the unstretched steps bring in time stretches nothing.
     assert _first_token_after(1.0, 1000) == pytest.approx(_first_token_after(None, 1000))
+
+
+def test_the_deadline_counts_from_when_the_caller_accepted_the_request() -> None:
+    # The engine took the prompt 0.25 s after it arrived (a long step ran meanwhile): the steps
+    # stretch further, and its first token still comes within 1 s of its arrival.
+    assert 0.9 < _first_token_after(1.0, 3000, waited_s=0.25) <= 1.0
+    # Counted from when the engine took it, the same prompt would have come 1 s after that.
+    assert _first_token_after(1.0, 3000) + 0.25 > 1.1
 
 
 def test_without_a_first_token_target_the_step_target_never_stretches() -> None:

@@ -71,8 +71,12 @@ def test_the_stretch_a_prompt_needs_by_its_deadline() -> None:
     assert DEADLINE_SHARE == 0.5
     assert target.stretch_to_prefill(1000, 0.2, 10) == float("inf")
     assert target.stretch_to_prefill(10, 0.01, 10) == float("inf")  # due within this step
-    target.scale = 2.0  # a machine twice as slow as measured: 400 tokens need 44% of the time
+    # A machine twice as slow as measured: 400 tokens need 44% of the time, beside decodes
+    # that take 22 ms.
+    target.scale = target.prefill_scale = 2.0
     assert target.stretch_to_prefill(400, 0.2, 10) == pytest.approx(0.022 / (1 - 4 / 9) / 0.02)
+    target.scale = 1.0  # only the prompts slower than measured: the same share, 12 ms of decodes
+    assert target.stretch_to_prefill(400, 0.2, 10) == pytest.approx(0.012 / (1 - 4 / 9) / 0.02)
 
 
 def test_first_tokens_that_can_still_come_in_time_stretch_the_target_in_arrival_order() -> None:

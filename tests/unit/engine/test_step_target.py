@@ -1,4 +1,4 @@
-"""The step-time target: what fits in a step, the derived default, and the running scale."""
+"""The step-time target: what fits in a step, the derived default, and the running scales."""
 
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ def test_slow_rows_raise_the_scale_and_shrink_what_fits_but_not_the_fixed_cost()
     assert target.scale == pytest.approx(2.0, rel=0.02)
     assert target.predict_s(20, 0) == pytest.approx(0.090, rel=0.02)
     assert target.max_decodes == 7  # (50 ms - 10 ms) x 3/4 / (2 x 2 ms)
-    assert target.prefill_budget(5) == 20  # (50 - 10 - 2 x 10 ms) / (2 x 0.5 ms)
+    # Decode-only steps say nothing of prompts: their tokens still cost 0.5 ms.
+    assert target.prefill_scale == 1.0
+    assert target.prefill_budget(5) == 40  # (50 - 10 - 2 x 10 ms) / 0.5 ms
     # Scaling the fixed cost as well would have left (25 - 10) x 3/4 / 2 = 5 decodes.
     for _ in range(200):  # the same rows again, on a machine whose steps are all as modelled
         target.observe(20, 0, 0.010 + 20 * 0.002)
@@ -63,13 +65,37 @@ def test_long_contexts_cost_decodes_but_leave_the_prompts_share_alone() -> None:
     assert target.context_per_decode == pytest.approx(1000, rel=0.02)
     assert target.max_decodes == 10  # (50 ms - 10 ms) x 3/4 / 3 ms
     assert target.prefill_budget(10) == pytest.approx(20, abs=1)  # 10 ms left at 0.5 ms a token
-    # Without the context cost the same steps read as decodes 1.5 times the model, and the scale
-    # would shrink the prompts' share by as much.
+    # Without the context cost the same steps read as decodes 1.5 times the model: the same
+    # batch fits, and the prompts' scale is not theirs to move.
     blind = StepTarget(0.050, COSTS, min_prefill_tokens=4)
     for _ in range(200):
         blind.observe(10, 0, 0.010 + 10 * 0.003)
     assert blind.scale == pytest.approx(1.5, rel=0.02)
-    assert blind.prefill_budget(10) == pytest.approx(13, abs=1)
+    assert blind.prefill_scale == 1.0
+    assert blind.prefill_budget(10) == pytest.approx(20, abs=1)
+
+
+def test_each_scale_follows_the_steps_its_rows_take() -> None:
+    # A lone decode costs three times the model (Python and launches), prompt tokens 1.3 times
+    # (chunks deep into long prompts): one scale would plan prompts at the decodes' error.
+    decode_cost, token_cost = 3 * 0.002, 1.3 * 0.0005
+    target = StepTarget(0.050, COSTS)
+    for _ in range(300):
+        target.observe(1, 0, 0.010 + decode_cost)  # a decode alone
+        target.observe(0, 400, 0.010 + 400 * token_cost)  # a prompt alone
+        target.observe(1, 60, 0.010 + decode_cost + 60 * token_cost)  # the two together
+    assert target.scale == pytest.approx(3.0, rel=0.03)
+    assert target.prefill_scale == pytest.approx(1.3, rel=0.03)
+    assert target.predict_s(1, 60) == pytest.approx(0.010 + decode_cost + 60 * token_cost, rel=0.02)
+    # 50 ms - 10 ms - 6 ms left for prompt tokens at 0.65 ms.
+    assert target.prefill_budget(1) == 52
+    # A mixed step whose error lies all in its prompts moves the prompts' scale the most.
+    mixed = StepTarget(0.050, COSTS)
+    for _ in range(300):
+        mixed.observe(4, 80, 0.010 + 4 * 0.002 + 80 * 2 * 0.0005)
+    assert mixed.prefill_scale > 1.7
+    assert mixed.scale < mixed.prefill_scale
+    assert mixed.predict_s(4, 80) == pytest.approx(0.010 + 4 * 0.002 + 80 * 0.001, rel=0.02)
 
 
 @pytest.mark.parametrize(
