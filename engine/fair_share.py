@@ -140,6 +140,21 @@ class FairSharePolicy(AdmissionPolicy):
             counter,
         )
 
+    def prefill_key(self, request: Request) -> tuple[float, ...]:
+        """The admitted prompts' order: a tenant with several times fewer requests in the engine
+        first (a burst beside a flood), then the earliest first-token deadline. Admission has
+        already weighed the counters; ordering chunks by them as well handed two level tenants'
+        prompts the chunks in turns (each chunk moves its tenant's counter past the other's),
+        and both first tokens came when the later one would have in arrival order. Without a
+        level band (the counters alone) the counters order the chunks too."""
+        if self.level_band <= 0:
+            return self.service_key(request)
+        tenant = self._tenant(request)
+        requests = max(
+            tenant.num_waiting + self._slots.get(request.tenant_id, 0), tenant.caller_requests
+        )
+        return (_request_class(requests), request.arrived_at or 0.0)
+
     @property
     def decode_lead(self) -> float | None:
         return self._decode_lead

@@ -86,6 +86,11 @@ class AdmissionPolicy(ABC):
             return (float("inf"),)
         return (float(request.admitted_index),)
 
+    def prefill_key(self, request: Request) -> tuple[float, ...]:
+        """Order of the admitted prompts' chunks within a step: lower goes first. Admission
+        order by default."""
+        return self.service_key(request)
+
     def service(self, tenant_id: str) -> float:
         """The work a tenant has been served, in the units of ``decode_lead``."""
         return 0.0

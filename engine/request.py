@@ -46,7 +46,9 @@ class Request:
     background: bool = False  # yields its steps to foreground prompts (GenerateRequest)
     tenant_requests: int = 0  # the caller's count of its tenant's requests (GenerateRequest)
     queued_at: float = 0.0  # the scheduler's clock when it last joined the waiting queue
-    arrived_at: float | None = None  # when the caller accepted it (GenerateRequest)
+    # When the caller accepted it (GenerateRequest), on the scheduler's clock once it is queued:
+    # its first-token deadline counts from then.
+    arrived_at: float | None = None
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)

@@ -157,10 +157,11 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.queued_at = now = self.clock()
         self.policy.add(request)
-        arrived = request.arrived_at
         # Its first-token deadline counts from when the caller accepted it: a request that
         # came during a long step has already waited that long.
-        self.budget.watch(request, now if arrived is None else min(now, arrived))
+        arrived = now if request.arrived_at is None else min(now, request.arrived_at)
+        request.arrived_at = arrived
+        self.budget.watch(request, arrived)
 
     # -- schedule -------------------------------------------------------------------------
 
@@ -174,11 +175,12 @@ class Scheduler:
         self.policy.begin_step()
         self._free_slot_for_fairness(out)
         num_fair_preemptions = len(out.preempted)
-        key = self.policy.service_key
         decodes = [r for r in self.running if r.num_remaining_tokens == 1]
-        # Unfinished prefills in the policy's order (the least-served tenant's first; the sort
-        # is stable, so admission order within a tenant).
-        prefills = sorted((r for r in self.running if r.num_remaining_tokens > 1), key=key)
+        # Unfinished prefills in the policy's order (the sort is stable: admission order among
+        # equals).
+        prefills = sorted(
+            (r for r in self.running if r.num_remaining_tokens > 1), key=self.policy.prefill_key
+        )
         decodes, deferred, foreground_only = self._yield_background(decodes, prefills)
         # Beside a foreground prompt, background prompts sit out as well (they keep their pages).
         held = [r for r in prefills if r.background] if foreground_only else []

@@ -355,6 +355,24 @@ def test_a_less_served_tenants_prompt_runs_before_a_flooders_remaining_chunks(fa
     sim.assert_no_leaks()
 
 
+def test_level_tenants_prompts_run_in_arrival_order_not_in_turns() -> None:
+    # Two tenants level with each other, a 1,000-token prompt each, steps of 180 prompt tokens
+    # while both wait: the first to arrive gets every chunk until its first token, then the
+    # second. In turns (each chunk moving its tenant's counter past the other's) the first
+    # tokens came at the 11th and 12th steps.
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 1024, 4), 8192, 8, policy=FairSharePolicy(), target=target)
+    first = sim.add("first", list(range(1000)), 2, tenant="a")
+    second = sim.add("second", list(range(5000, 6000)), 2, tenant="b")
+    came: dict[str, int] = {}
+    for step in range(1, 20):
+        sim.step()
+        for request in (first, second):
+            if request.output_token_ids:
+                came.setdefault(request.request_id, step)
+    assert came["first"] <= 7 < came["second"] <= 10
+
+
 def test_a_flooders_chunks_take_only_its_share_while_a_less_served_tenant_is_active() -> None:
     sim = Simulation(
         make_cache(False, 1024, 4), budget=64, max_num_seqs=8, policy=FairSharePolicy()
