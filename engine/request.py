@@ -45,7 +45,8 @@ class Request:
     allow_public_prefix: bool = True
     background: bool = False  # yields its steps to foreground prompts (GenerateRequest)
     tenant_requests: int = 0  # the caller's count of its tenant's requests (GenerateRequest)
-    queued_at: float = 0.0  # the scheduler's clock when it last joined the waiting queue
+    # The scheduler's clock when it arrived or, after a preemption, when it joined the queue again.
+    queued_at: float = 0.0
     # When the caller accepted it (GenerateRequest), on the scheduler's clock once it is queued:
     # its first-token deadline counts from then.
     arrived_at: float | None = None

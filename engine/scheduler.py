@@ -155,12 +155,12 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
-        request.queued_at = now = self.clock()
-        self.policy.add(request)
-        # Its first-token deadline counts from when the caller accepted it: a request that
-        # came during a long step has already waited that long.
+        # Its wait and its first-token deadline count from when the caller accepted it: a
+        # request that came during a long step has already waited that long.
+        now = self.clock()
         arrived = now if request.arrived_at is None else min(now, request.arrived_at)
-        request.arrived_at = arrived
+        request.arrived_at = request.queued_at = arrived
+        self.policy.add(request)
         self.budget.watch(request, arrived)
 
     # -- schedule -------------------------------------------------------------------------

@@ -918,9 +918,12 @@ def test_queue_wait_by_tenant_is_each_tenants_longest_wait() -> None:
     sim.step()
     now[0] = 1.0
     late = sim.add("b0", [9, 1, 2, 3], 4, tenant="b")
+    # The caller accepted it 0.5 s before the engine took it (a step ran meanwhile).
+    early = sim.add("c0", [8, 1, 2, 3], 4, tenant="c", arrived_at=0.5)
     now[0] = 3.0
     waits = sim.scheduler.queue_wait_by_tenant()
-    assert waits == {"a": pytest.approx(3.0), "b": pytest.approx(2.0)}
+    assert waits == {"a": pytest.approx(3.0), "b": pytest.approx(2.0), "c": pytest.approx(2.5)}
+    sim.scheduler.finish(early, "abort")
     sim.scheduler.finish(late, "abort")
     assert set(sim.scheduler.queue_wait_by_tenant()) == {"a"}
 
