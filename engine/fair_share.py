@@ -131,14 +131,13 @@ class FairSharePolicy(AdmissionPolicy):
     def _key(self, tenant_id: str, tenant: _Tenant) -> tuple[float, float, float, float]:
         counter = tenant.counter
         banded = min(counter, self._floor) if counter < self._floor + self.level_band else counter
-        return (
-            banded,
-            _request_class(
-                max(tenant.num_waiting + self._slots.get(tenant_id, 0), tenant.caller_requests)
-            ),
-            float(not tenant.returning),
-            counter,
-        )
+        return (banded, self._class(tenant_id, tenant), float(not tenant.returning), counter)
+
+    def _class(self, tenant_id: str, tenant: _Tenant) -> float:
+        """The tenant's requests in the engine (waiting, running, or still on their way by the
+        caller's count) on the scale of ``_request_class``."""
+        requests = tenant.num_waiting + self._slots.get(tenant_id, 0)
+        return _request_class(max(requests, tenant.caller_requests))
 
     def prefill_key(self, request: Request) -> tuple[float, ...]:
         """The admitted prompts' order: a tenant with several times fewer requests in the engine
@@ -150,10 +149,7 @@ class FairSharePolicy(AdmissionPolicy):
         if self.level_band <= 0:
             return self.service_key(request)
         tenant = self._tenant(request)
-        requests = max(
-            tenant.num_waiting + self._slots.get(request.tenant_id, 0), tenant.caller_requests
-        )
-        return (_request_class(requests), request.arrived_at or 0.0)
+        return (self._class(request.tenant_id, tenant), request.arrived_at or 0.0)
 
     @property
     def decode_lead(self) -> float | None:

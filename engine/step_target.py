@@ -99,6 +99,11 @@ class StepTarget:
             raise ValueError("min_prefill_tokens must be positive")
 
     @property
+    def per_prompt_token_s(self) -> float:
+        """What a prompt (or draft) token costs, the scale included."""
+        return self.prefill_scale * self.costs.per_prefill_token_s
+
+    @property
     def per_decode_s(self) -> float:
         """What a decode row costs at the recent mean context, before the scale."""
         costs = self.costs
@@ -109,7 +114,7 @@ class StepTarget:
         return (
             costs.fixed_s
             + self.scale * self.per_decode_s * num_decodes
-            + self.prefill_scale * costs.per_prefill_token_s * num_prefill_tokens
+            + self.per_prompt_token_s * num_prefill_tokens
         )
 
     @property
@@ -139,7 +144,7 @@ class StepTarget:
         if num_tokens <= 0:
             return 1.0
         seconds -= self.target_s
-        per_token = self.prefill_scale * self.costs.per_prefill_token_s
+        per_token = self.per_prompt_token_s
         if seconds <= 0:
             return math.inf
         busy = num_tokens * per_token / seconds
@@ -154,7 +159,7 @@ class StepTarget:
     def most_prefill_within(self, seconds: float) -> float:
         """The most prompt tokens ``stretch_to_prefill`` finds a stretch for within ``seconds``
         (more, on any number of decodes, need more than ``DEADLINE_SHARE`` of the time)."""
-        per_token = self.prefill_scale * self.costs.per_prefill_token_s
+        per_token = self.per_prompt_token_s
         return DEADLINE_SHARE * (seconds - self.target_s) / per_token
 
     def prefill_budget(self, num_decodes: int) -> int:
@@ -163,14 +168,14 @@ class StepTarget:
         room = self.target_s * self.stretch - self.predict_s(num_decodes, 0)
         if room <= 0:
             return self.min_prefill_tokens
-        per_token = self.prefill_scale * self.costs.per_prefill_token_s
+        per_token = self.per_prompt_token_s
         return max(self.min_prefill_tokens, int(room / per_token))
 
     def prefill_share(self) -> int:
         """Prefill (and draft) tokens in the share of the (stretched) target that full batches
         of decodes leave (``PREFILL_SHARE``); at least ``min_prefill_tokens``."""
         room = (self.target_s * self.stretch - self.costs.fixed_s) * PREFILL_SHARE
-        per_token = self.prefill_scale * self.costs.per_prefill_token_s
+        per_token = self.per_prompt_token_s
         return max(self.min_prefill_tokens, int(room / per_token))
 
     def observe(
@@ -194,7 +199,7 @@ class StepTarget:
         decode_rows = self.scale * (
             costs.per_decode_s * num_decodes + costs.per_context_token_s * num_context_tokens
         )
-        prefill_rows = self.prefill_scale * costs.per_prefill_token_s * num_prefill_tokens
+        prefill_rows = self.per_prompt_token_s * num_prefill_tokens
         rows = decode_rows + prefill_rows
         ratio = (seconds - costs.fixed_s) / rows
         step = SCALE_SMOOTHING / rows
