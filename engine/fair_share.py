@@ -149,7 +149,8 @@ class FairSharePolicy(AdmissionPolicy):
         if self.level_band <= 0:
             return self.service_key(request)
         tenant = self._tenant(request)
-        return (self._class(request.tenant_id, tenant), request.arrived_at or 0.0)
+        late = float(request.first_token_late)
+        return (self._class(request.tenant_id, tenant), late, request.arrived_at or 0.0)
 
     @property
     def decode_lead(self) -> float | None:

@@ -57,6 +57,9 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the cache at first admission; -1: not yet
     cached_on_arrival: int = 0  # prompt tokens the cache held when it arrived (fair share measures)
+    # Its first token is planned after those that can still come by their deadlines
+    # (``engine/step_budget.py``).
+    first_token_late: bool = False
     cache_node: object | None = None
     status: RequestStatus = RequestStatus.WAITING
     admitted_index: int = -1  # order of the latest admission into the running set

@@ -22,6 +22,7 @@ ever sits out. Pure Python, no torch.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -68,40 +69,64 @@ class StepBudget:
             self.target.stretch = self._stretch(num_decodes)
 
     def _stretch(self, num_decodes: int) -> float:
-        """How far the step-time target stretches this step: as far as every first token that
-        can still come by its deadline (arrival plus the first-token target) needs, and at least
-        by the square of the oldest wait over the first-token target once it is past it.
+        """How far the step-time target stretches this step: as far as the first tokens planned
+        to come by their deadlines (arrival plus the first-token target) need, and at least by
+        the square of the oldest wait over the first-token target once it is past it.
 
-        The deadlines are met in arrival order: the k-th waiting request's first token needs the
-        prompt tokens left of the k oldest computed by its deadline
-        (``StepTarget.stretch_to_prefill``). A deadline that would need more than
-        ``DEADLINE_SHARE`` of every step stretches nothing until it has passed (a queue too long
-        for the machine degrades time per output token by how late first tokens are, not all at
-        once). O(requests waiting for a first token, as far as the work one first-token target
-        holds); the front leaves once it has a token or is gone."""
+        The plan takes the requests waiting for a first token in deadline order (arrival order:
+        one target for all), after the work of those that have waited more than twice the
+        target, which goes first whatever the plan. The k-th planned first token needs the
+        prompt tokens left of the k before it computed by its deadline
+        (``StepTarget.stretch_to_prefill``). Where a deadline cannot be met even by the longest
+        step (``MAX_STRETCH``), the longest prompt planned so far leaves the plan (Moore and
+        Hodgson's rule: the fewest deadlines missed that one machine can reach). A request out
+        of the plan, or past its deadline by less than the target, is ``first_token_late``: its
+        chunks go after the planned prompts of its class (``AdmissionPolicy.prefill_key``). So
+        a burst longer than the machine can take costs the fewest first tokens, and no request
+        waits more than twice the target before it is first in line. O(requests waiting for a
+        first token × log); the front leaves once it has a token or is gone."""
         pending = self._awaiting_first
-        while pending and (
-            pending[0][1].output_token_ids or pending[0][1].status is RequestStatus.FINISHED
-        ):
-            pending.popleft()
+        while pending and _has_first_token(pending[0][1]):
+            pending.popleft()[1].first_token_late = False
         target, ttft = self.target, self.ttft_target_s
         if not pending or ttft is None or target is None:
             return 1.0
         now = self.clock()
         overdue = (now - pending[0][0]) / ttft
         stretch = max(1.0, overdue * overdue)
-        num_tokens = 0
-        # No deadline is further than the first-token target: past this much work, none is met.
-        most = target.most_prefill_within(ttft)
+        first = 0  # prompt tokens of the requests waiting over twice the target
+        planned: list[tuple[float, int, Request]] = []  # (seconds to deadline, tokens, request)
+        longest: list[tuple[int, int]] = []  # planned, longest then latest first: (-tokens, -index)
+        num_tokens = 0  # of the requests in the plan
         for arrived, request in pending:
-            if request.output_token_ids or request.status is RequestStatus.FINISHED:
+            request.first_token_late = False
+            if _has_first_token(request):
                 continue
-            num_tokens += _prompt_left(request)
-            if num_tokens > most:
-                break
-            need = target.stretch_to_prefill(num_tokens, arrived + ttft - now, num_decodes)
-            if need <= MAX_STRETCH:
-                stretch = max(stretch, need)
+            left = _prompt_left(request)
+            seconds = arrived + ttft - now
+            if seconds < -ttft:
+                first += left
+                continue
+            request.first_token_late = True
+            if seconds <= target.target_s:  # due within a step: past planning for
+                continue
+            heapq.heappush(longest, (-left, -len(planned)))
+            planned.append((seconds, left, request))
+            num_tokens += left
+            while target.stretch_to_prefill(first + num_tokens, seconds, num_decodes) > MAX_STRETCH:
+                tokens, index = heapq.heappop(longest)
+                index = -index
+                num_tokens += tokens
+                due, _, dropped = planned[index]
+                planned[index] = (due, 0, dropped)  # out of the plan: late
+                if index == len(planned) - 1:
+                    break
+        num_tokens = first
+        for seconds, left, request in planned:
+            if left:
+                request.first_token_late = False
+                num_tokens += left
+                stretch = max(stretch, target.stretch_to_prefill(num_tokens, seconds, num_decodes))
         return min(stretch, MAX_STRETCH)
 
     def slot_limit(self, max_num_seqs: int) -> int:
@@ -221,6 +246,10 @@ class StepBudget:
         if self.ttft_target_s is not None:
             room = max(room, target.prefill_share())
         return max(0, budget - room)
+
+
+def _has_first_token(request: Request) -> bool:
+    return bool(request.output_token_ids) or request.status is RequestStatus.FINISHED
 
 
 def _prompt_left(request: Request) -> int:

@@ -38,9 +38,6 @@ PREFILL_SHARE = 0.25
 # sixteen steps of its rows, so one slow step (a page fault, another process) barely moves it.
 SCALE_SMOOTHING = 0.042
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
-# The most of a step's time prompts take, stretching it, for first tokens not yet late: beyond
-# it each prompt token would cost decodes ever more time (decodes keep at least the rest).
-DEADLINE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +130,7 @@ class StepTarget:
     def stretch_to_prefill(self, num_tokens: int, seconds: float, num_decodes: int) -> float:
         """How far the target must stretch for steps of ``num_decodes`` decodes to compute
         ``num_tokens`` prompt tokens within ``seconds`` (the last step counted whole): 1 where
-        the unstretched steps do, infinite where that would take more than ``DEADLINE_SHARE`` of
-        the time.
+        the unstretched steps do, infinite where even prompts alone would not.
 
         A step of length ``S`` leaves ``S - rest`` beside its fixed part and decodes (``rest``)
         to prompt tokens at ``c`` seconds each, so the prompts get the fraction ``1 - rest / S``
@@ -148,19 +144,13 @@ class StepTarget:
         if seconds <= 0:
             return math.inf
         busy = num_tokens * per_token / seconds
-        if busy > DEADLINE_SHARE:
+        if busy >= 1:
             return math.inf
         rest = self.predict_s(num_decodes, 0)
         given = max(self.target_s - rest, (self.target_s - self.costs.fixed_s) * PREFILL_SHARE)
         if given / max(self.target_s, rest + given) >= busy:
             return 1.0
         return max(1.0, rest / (1 - busy) / self.target_s)
-
-    def most_prefill_within(self, seconds: float) -> float:
-        """The most prompt tokens ``stretch_to_prefill`` finds a stretch for within ``seconds``
-        (more, on any number of decodes, need more than ``DEADLINE_SHARE`` of the time)."""
-        per_token = self.per_prompt_token_s
-        return DEADLINE_SHARE * (seconds - self.target_s) / per_token
 
     def prefill_budget(self, num_decodes: int) -> int:
         """Prefill (and draft) tokens that fit beside ``num_decodes`` decodes; at least

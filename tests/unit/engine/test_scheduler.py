@@ -977,3 +977,33 @@ def test_a_tenant_behind_the_running_ones_is_admitted_past_the_slot_limit(
         assert late.output_token_ids and sim.scheduler.num_running <= 14
     else:  # it waits for one of a's 400-token answers to end
         assert late.status is RequestStatus.WAITING
+
+
+def test_a_burst_longer_than_its_deadlines_allow_misses_the_fewest_first_tokens() -> None:
+    # Three level tenants' prompts of 7,000, 3,000 and 3,000 tokens arrive 0.1 s apart (1.3 s
+    # of prompt work at 0.1 ms a token) with a 1 s first-token target, beside two long
+    # decodes. In arrival order only the first comes in time; with the longest left late, the
+    # two others do, and the longest still comes soon after the burst's work is done.
+    target = StepTarget(0.020, StepCosts(0.002, 0.001, 0.0001), min_prefill_tokens=4)
+    sim = Simulation(make_cache(False, 8192, 4), 2048, 8, policy=FairSharePolicy(), target=target)
+    now = [0.0]
+    sim.scheduler.ttft_target_s = 1.0
+    sim.scheduler.clock = lambda: now[0]
+    decodes = [sim.add(f"d{i}", [i, 1, 2, 3], 10_000, tenant="d") for i in range(2)]
+    while not all(r.output_token_ids for r in decodes):
+        out = sim.step()
+    start = now[0]
+    arrivals = [("long", 7000, "a", 0.0), ("short", 3000, "b", 0.1), ("shorter", 3000, "c", 0.2)]
+    prompts: dict[str, Request] = {}
+    came: dict[str, float] = {}
+    while len(came) < 3:
+        for name, size, tenant, at in arrivals:
+            if name not in prompts and now[0] >= start + at:
+                tokens = list(range(size * 10, size * 11))
+                prompts[name] = sim.add(name, tokens, 2, tenant=tenant, arrived_at=start + at)
+        out = sim.step()
+        now[0] += target.predict_s(out.num_decodes, out.num_batched_tokens - out.num_decodes)
+        for name, request in prompts.items():
+            if request.output_token_ids and name not in came:
+                came[name] = now[0] - request.arrived_at
+    assert came["short"] <= 1.0 and came["shorter"] <= 1.0 < came["long"] < 2.0

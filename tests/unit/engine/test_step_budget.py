@@ -10,7 +10,7 @@ from engine.preemption import page_victim, slot_victim
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampling_params import SamplingParams
 from engine.step_budget import MAX_STRETCH, StepBudget
-from engine.step_target import DEADLINE_SHARE, StepCosts, StepTarget
+from engine.step_target import StepCosts, StepTarget
 from radix_cache.prefix_cache import tenant_namespace
 
 COSTS = StepCosts(0.002, 0.001, 0.0001)  # 2 ms a step, 1 ms a decode, 0.1 ms a prompt token
@@ -67,9 +67,10 @@ def test_the_stretch_a_prompt_needs_by_its_deadline() -> None:
     # 800 tokens in 0.2 s (0.18 s once the last step is counted whole) need 44% of the time:
     # steps of 12 ms / (1 - 0.444) = 21.6 ms.
     assert target.stretch_to_prefill(800, 0.2, 10) == pytest.approx(0.012 / (1 - 4 / 9) / 0.02)
-    # 1,000 tokens would need 56% of every step: more than DEADLINE_SHARE, no stretch brings them.
-    assert DEADLINE_SHARE == 0.5
-    assert target.stretch_to_prefill(1000, 0.2, 10) == float("inf")
+    # 1,000 tokens need 56% of the time: steps of 12 ms / (1 - 0.556) = 27 ms.
+    assert target.stretch_to_prefill(1000, 0.2, 10) == pytest.approx(0.012 / (1 - 5 / 9) / 0.02)
+    # 1,800 tokens would need all of it: no stretch brings them.
+    assert target.stretch_to_prefill(1800, 0.2, 10) == float("inf")
     assert target.stretch_to_prefill(10, 0.01, 10) == float("inf")  # due within this step
     # A machine twice as slow as measured: 400 tokens need 44% of the time, beside decodes
     # that take 22 ms.
@@ -90,47 +91,71 @@ def test_first_tokens_that_can_still_come_in_time_stretch_the_target_in_arrival_
     now[0] = 0.8
     budget.begin_step(10)
     # The first alone needs 600 tokens in 0.18 s: 1/3 of the time, which unstretched steps give.
-    # Both (3,600 tokens) could not come in time: they stretch nothing (yet).
+    # Both (3,600 tokens) could not come in time: the longer leaves the plan.
     assert target.stretch == 1.0
+    assert not first.first_token_late and second.first_token_late
     now[0] = 0.85  # 600 tokens in 0.13 s: 46% of the time
     budget.begin_step(10)
     assert target.stretch == pytest.approx(0.012 / (1 - 0.06 / 0.13) / 0.02)
     first.num_computed_tokens = 700  # admitted, 300 computed past its cached prefix
     budget.begin_step(10)
     assert target.stretch == 1.0
-    now[0] = 0.95  # 300 tokens in 0.03 s: all of it, more than DEADLINE_SHARE
+    now[0] = 0.95  # 300 tokens in 0.03 s: more than all of it, no stretch brings them
     budget.begin_step(10)
     assert target.stretch == 1.0
+    assert first.first_token_late
     now[0] = 1.5  # both late: the square of the oldest wait over the target, as before
     budget.begin_step(10)
     assert target.stretch == pytest.approx(2.25)
 
 
-class _PlanCounted(StepTarget):
-    """A step target that records the work of each deadline planned for."""
-
-    planned: list[int]
-
-    def stretch_to_prefill(self, num_tokens: int, seconds: float, num_decodes: int) -> float:
-        self.planned.append(num_tokens)
-        return super().stretch_to_prefill(num_tokens, seconds, num_decodes)
-
-
-def test_a_long_queue_costs_the_plan_only_the_requests_one_target_could_serve() -> None:
+def test_a_long_queue_plans_for_the_first_tokens_one_target_can_serve() -> None:
     now = [0.0]
-    target = _PlanCounted(0.020, COSTS)
-    target.planned = []
+    target = StepTarget(0.020, COSTS)
     budget = StepBudget(target, 1.0, clock=lambda: now[0])
-    for i in range(1000):
-        budget.watch(_request(f"r{i}", "flood", num_prompt=500), 0.0)
+    flood = [_request(f"r{i}", "flood", num_prompt=500) for i in range(1000)]
+    for request in flood:
+        budget.watch(request, 0.0)
     now[0] = 0.1
     budget.begin_step(10)
-    # Half of one 1 s target (less the step in flight) holds 4,900 tokens: the first nine
-    # requests' 4,500 are planned, and nobody after them could be served in time.
-    assert target.planned == [500 * (i + 1) for i in range(9)]
-    # The oldest eight requests' 4,000 tokens in 0.88 s need 45% of the time, which steps of
-    # 12 ms / (1 - 0.45) give; the nine's 4,500 would need 51%, more than DEADLINE_SHARE.
-    assert target.stretch == pytest.approx(0.012 / (1 - 0.4 / 0.88) / 0.02)
+    # One 1 s target (less the step in flight) holds 8,800 tokens: the first 17 requests'
+    # 8,500 are planned, and the rest, which could not come in time, are late.
+    assert [r.first_token_late for r in flood] == [False] * 17 + [True] * 983
+    # 8,500 tokens in 0.88 s need 96.6% of the time: steps of 12 ms / (1 - 0.966).
+    assert target.stretch == pytest.approx(0.012 / (1 - 0.85 / 0.88) / 0.02)
+
+
+def test_a_burst_too_long_for_its_deadlines_leaves_its_longest_prompt_late() -> None:
+    now = [0.0]
+    target = StepTarget(0.020, COSTS)
+    budget = StepBudget(target, 1.0, clock=lambda: now[0])
+    # 7,000, 3,000 and 3,000 tokens arrive (1.3 s of prompt work) for deadlines at 1.0, 1.1
+    # and 1.2 s. In arrival order only the first comes in time; without it both others do.
+    long, short, shorter = (
+        _request("long", "a", num_prompt=7000),
+        _request("short", "b", num_prompt=3000),
+        _request("shorter", "c", num_prompt=3000),
+    )
+    for request, at in ((long, 0.0), (short, 0.1), (shorter, 0.2)):
+        budget.watch(request, at)
+    now[0] = 0.2
+    budget.begin_step(0)
+    assert [r.first_token_late for r in (long, short, shorter)] == [True, False, False]
+    # The two planned: 6,000 tokens in 0.98 s (less the step in flight), 61% of the time,
+    # which steps without decodes give unstretched.
+    assert target.stretch == 1.0
+    # Once past its deadline by more than the target, the long one goes first and the plan
+    # counts its work ahead of the others'.
+    now[0] = 2.05
+    for request in (short, shorter):
+        request.append_token(1)
+    late = _request("new", "b", num_prompt=3000)
+    budget.watch(late, 2.0)
+    budget.begin_step(0)
+    assert not long.first_token_late
+    # 7,000 + 3,000 tokens in 0.93 s: more than all of it, so the new one is late.
+    assert late.first_token_late
+    assert target.stretch == pytest.approx(min(64.0, (2.05 / 1.0) ** 2))
 
 
 def test_without_a_first_token_target_nothing_stretches_or_passes_the_slot_limit() -> None:
