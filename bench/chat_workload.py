@@ -102,7 +102,7 @@ def conversations(
     return out
 
 
-def _messages(
+def chat_messages(
     conversation: Conversation, answers: Sequence[str], turn: int
 ) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": conversation.system}]
@@ -118,7 +118,7 @@ def chat_body(
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": target.model,
-        "messages": _messages(conversation, answers, turn),
+        "messages": chat_messages(conversation, answers, turn),
         "max_tokens": conversation.max_tokens,
         "temperature": conversation.temperature,
         "stream": True,
