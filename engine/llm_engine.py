@@ -24,8 +24,8 @@ from engine.fair_share import FairSharePolicy
 from engine.kv_budget import free_memory, size_kv_pool
 from engine.load_progress import LoadProgress, NullProgress
 from engine.logits_processing import RowState, TokenHistory, process_logits
+from engine.logprobs import RawLogprobs, take_raw
 from engine.logprobs import gather as gather_logprobs
-from engine.logprobs import take_raw
 from engine.lora.adapter import LoraAdapter
 from engine.lora.manager import LoraManager
 from engine.model.loader import LoadedModel
@@ -34,6 +34,7 @@ from engine.outputs import GenerateRequest, RequestOutput, StepTrace, TokenLogpr
 from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
+from engine.sampling_table import TableCache
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.speculative import NgramDrafter
 from engine.stats import EngineSnapshot, EngineStats, StepTimer
@@ -166,6 +167,7 @@ class LLMEngine:
         ttft = config.target_ttft_ms
         self.scheduler.ttft_target_s = None if ttft is None else ttft / 1000
         self.sampler = Sampler()
+        self.sampling_tables = TableCache(device)  # the last batch's sampling settings
         self.structured: StructuredOutput | None = None  # built by the first constrained request
         self.stats = EngineStats()
         self._requests: dict[str, Request] = {}  # live requests only
@@ -538,25 +540,25 @@ class LLMEngine:
     ) -> tuple[list[int], dict[int, TokenLogprob]]:
         """Tokens for every logits row (a drafted decode has a row per draft token too), and the
         logprobs of the rows whose request asked for them."""
-        params = []
-        generators = []
-        states = []
-        for seq in sampled:
-            request = seq.request
-            rows = 1 + len(seq.draft)
-            params.extend([request.params] * rows)
-            generators.extend([request.generator] * rows)
-            if request.history is not None:  # never drafted (engine/speculative.py)
-                states.append(RowState(request.params, request.history, request.num_output_tokens))
-            else:
-                states.extend([RowState(request.params, None, 0)] * rows)
-        raw = take_raw(logits, [p.logprobs for p in params])
+        chosen, raw = self._choose(sampled, logits, mask)
+        return gather_logprobs(chosen, raw)  # the step's one copy from the device
+
+    def _choose(
+        self,
+        sampled: list[ScheduledSeq],
+        logits: torch.Tensor,  # [num_rows, vocab_size]
+        mask: Future[StepMask] | None = None,
+    ) -> tuple[torch.Tensor, RawLogprobs | None]:  # [num_rows] int64 on the device
+        """The chosen token of every logits row, left on the device, and the raw logprobs of
+        the rows that asked for them; the batch's settings come from its sampling table."""
+        table = self.sampling_tables.table_for(sampled, logits.shape[1])
+        raw = take_raw(logits, table.logprobs) if table.logprobs is not None else None
         if mask is not None and self.structured is not None:  # after the raw logprobs
             logits = logits.float()
             self.structured.apply(logits, mask)
-        logits = process_logits(logits, states)
-        chosen = self.sampler.sample(logits, params, generators)
-        return gather_logprobs(chosen, raw)  # the step's one copy from the device
+        if table.has_history:
+            logits = process_logits(logits, _row_states(sampled))
+        return self.sampler.choose(logits, table), raw
 
     def _check_isolation(self, seq: ScheduledSeq, outputs: list[RequestOutput]) -> bool:
         request = seq.request
@@ -761,3 +763,15 @@ class LLMEngine:
             waiting_lora_adapters=tuple(adapters[RequestStatus.WAITING]),
             taken_at=time.time(),
         )
+
+
+def _row_states(sampled: list[ScheduledSeq]) -> list[RowState]:
+    """Each logits row's request settings, history and output so far, for logit processing."""
+    states = []
+    for seq in sampled:
+        request = seq.request
+        if request.history is not None:  # never drafted (engine/speculative.py)
+            states.append(RowState(request.params, request.history, request.num_output_tokens))
+        else:
+            states.extend([RowState(request.params, None, 0)] * (1 + len(seq.draft)))
+    return states

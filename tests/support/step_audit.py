@@ -27,6 +27,7 @@ WATCHED = [
     for name in (
         "llm_engine.py",
         "sampler.py",
+        "sampling_table.py",
         "logprobs.py",
         "logits_processing.py",
         "model_runner.py",
