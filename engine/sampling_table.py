@@ -7,8 +7,8 @@ request joined, left or drafted) builds a new one: its Python per row, its uploa
 costs the same few tensor operations whatever its batch size; only seeded rows still draw their
 noise one by one, each from its own generator.
 
-Uploads go through pinned memory without blocking off the CPU, so building a table never waits
-for the device either.
+Uploads go through pinned memory without blocking off the CPU (``engine/transfers.py``), so
+building a table never waits for the device either.
 """
 
 from __future__ import annotations
@@ -20,23 +20,13 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
+from engine.transfers import upload
 
 if TYPE_CHECKING:
     from engine.scheduler import ScheduledSeq
 
 # A sampled sequence's key: its request (compared by identity) and its draft (a row per token).
 _ROW_KEY = itemgetter(0, 3)
-
-
-def upload(
-    values: Sequence[float] | Sequence[int], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """``values`` as a tensor on ``device``; off the CPU copied from pinned memory without
-    waiting (the caching host allocator keeps the buffer until the copy is done)."""
-    if device.type == "cpu":
-        return torch.tensor(values, dtype=dtype, device=device)
-    host = torch.tensor(values, dtype=dtype, device="cpu", pin_memory=True)
-    return host.to(device, non_blocking=True)
 
 
 class RandomRows(NamedTuple):

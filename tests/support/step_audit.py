@@ -28,6 +28,7 @@ WATCHED = [
         "llm_engine.py",
         "sampler.py",
         "sampling_table.py",
+        "transfers.py",
         "logprobs.py",
         "logits_processing.py",
         "model_runner.py",
