@@ -29,6 +29,7 @@ WATCHED = [
         "sampler.py",
         "sampling_table.py",
         "transfers.py",
+        "overlap.py",
         "logprobs.py",
         "logits_processing.py",
         "model_runner.py",
