@@ -1,10 +1,13 @@
 """Prefill MFU and decode bandwidth of a random-weight ~1B Llama through the engine's own model
 and attention backend; prints one JSON report. ``--smoke`` runs a tiny model on CPU.
 
-Each decode batch is timed twice: as an eager step, and as the engine's graph step (stage the
-rows in the static buffers, plan, replay the CUDA graph; ``engine/cuda_graphs.py``). On a CPU,
-or with a backend that cannot plan for graphs, the second runs the same buffers eagerly
-(``graph_captured`` false).
+Each decode batch is timed as an eager step, and as the engine's graph step (stage the rows in
+the static buffers, plan, replay the CUDA graph; ``engine/cuda_graphs.py``). On a CPU, or with
+a backend that cannot plan for graphs, the graph step runs the same buffers eagerly
+(``graph_captured`` false). The graph step is timed twice more, feeding each step the ids the
+one before chose, as the engine does: read back before the next step is staged (a synchronous
+engine step), and left on the device, the next step staged and launched first and its inputs
+copied from them (an overlapped step, ``engine/overlap.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from engine.cuda_graphs import DecodeGraphs, DecodeRow, FixedPlanner
 from engine.device import dtype_name, resolve_device
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.overlap import fill_inputs
+from engine.transfers import Download
 
 H200_PEAK_FLOPS = 989e12  # dense bf16 tensor-core peak, FLOP/s
 H200_PEAK_BYTES = 4.8e12  # HBM3e bandwidth, B/s
@@ -206,12 +211,46 @@ def bench_decode(
             return graphs.run(graphs.stage(rows)).argmax(-1)
 
         graph_secs = seconds_per_call(graph_step, device, shape.warmup, shape.iters)
+        read_secs, overlap_secs = time_fed_graph_steps(graphs, rows, device, shape)
         report |= {
             "graph_step_ms": graph_secs * 1e3,
             "graph_tok_per_s": batch / graph_secs,
             "graph_bandwidth_util": (weight_bytes + kv_bytes) / graph_secs / H200_PEAK_BYTES,
+            "graph_read_step_ms": read_secs * 1e3,
+            "overlap_step_ms": overlap_secs * 1e3,
+            "overlap_tok_per_s": batch / overlap_secs,
         }
     return report
+
+
+def time_fed_graph_steps(
+    graphs: DecodeGraphs, rows: list[DecodeRow], device: torch.device, shape: BenchShape
+) -> tuple[float, float]:
+    """Seconds per graph step fed the ids of the step before: read back to the host first (the
+    synchronous engine), and left on the device while the next step is staged and launched,
+    then read (the overlapped engine)."""
+    ids = [r.token_id for r in rows]
+
+    def read_step() -> None:  # stage the ids read back, replay, pick, read
+        staged = [DecodeRow(i, r.position, r.page_ids) for i, r in zip(ids, rows, strict=True)]
+        ids[:] = graphs.run(graphs.stage(staged)).argmax(-1).tolist()
+
+    everyone = list(range(len(rows)))
+    in_flight: list[tuple[torch.Tensor, Download]] = []  # the step before: its ids, their copy
+
+    def overlap_step() -> None:  # stage, take the inputs from the device, replay, pick; then read
+        step = graphs.stage(rows)
+        if in_flight:
+            fill_inputs(step.input_ids, everyone, everyone, in_flight[0][0])
+        chosen = graphs.run(step).argmax(-1)
+        if in_flight:
+            _, download = in_flight.pop()
+            download.wait()
+        in_flight.append((chosen, Download(chosen)))
+
+    read = seconds_per_call(read_step, device, shape.warmup, shape.iters)
+    overlap = seconds_per_call(overlap_step, device, shape.warmup, shape.iters)
+    return read, overlap
 
 
 def run(

@@ -57,6 +57,9 @@ def bench(report: dict[str, Any] | None) -> dict[str, Any] | None:
                 "graph_step_ms": (
                     round(row["graph_step_ms"], 2) if "graph_step_ms" in row else None
                 ),
+                "overlap_step_ms": (
+                    round(row["overlap_step_ms"], 2) if "overlap_step_ms" in row else None
+                ),
             }
             for row in report["decode"]
         },

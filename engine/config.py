@@ -34,7 +34,9 @@ class EngineConfig:
     ``max_lora_rank`` (``engine/lora/``). ``cuda_graphs`` replays decode-only steps on CUDA from
     graphs captured at start, one per size of ``cuda_graph_sizes`` (None: 1, 2, 4, 8, then every
     8 up to ``max_num_seqs``, every 16 past 256; ``engine/cuda_graphs.py``); it means nothing on
-    a CPU.
+    a CPU. ``overlap_steps`` lets the host schedule and prepare the next step on CUDA while the
+    device runs a decode step, reading that step's ids only then (``engine/overlap.py``); off on
+    a CPU, where nothing runs beside the host.
     """
 
     page_size: int = 16
@@ -59,6 +61,7 @@ class EngineConfig:
     prefill_kernel: str = "auto"
     cuda_graphs: bool = True
     cuda_graph_sizes: tuple[int, ...] | None = None
+    overlap_steps: bool = True
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:

@@ -1,6 +1,8 @@
 """The synchronous engine: validate and queue requests, then step (schedule → run → postprocess).
 
-Not thread-safe: one thread (the AsyncEngine's loop, or a test) calls everything.
+With overlapped steps (``engine/overlap.py``) a decode step's results are postprocessed by the
+next call, once it has launched the step that follows. Not thread-safe: one thread (the
+AsyncEngine's loop, or a test) calls everything.
 """
 
 from __future__ import annotations
@@ -24,21 +26,24 @@ from engine.fair_share import FairSharePolicy
 from engine.kv_budget import free_memory, size_kv_pool
 from engine.load_progress import LoadProgress, NullProgress
 from engine.logits_processing import RowState, TokenHistory, process_logits
+from engine.logprobs import RawLogprobs, take_raw
 from engine.logprobs import gather as gather_logprobs
-from engine.logprobs import take_raw
 from engine.lora.adapter import LoraAdapter
 from engine.lora.manager import LoraManager
 from engine.model.loader import LoadedModel
 from engine.model_runner import ModelRunner
 from engine.outputs import GenerateRequest, RequestOutput, StepTrace, TokenLogprob
+from engine.overlap import deferrable, fill_inputs, pending_inputs
 from engine.policy import AdmissionPolicy
 from engine.request import Request, RequestStatus, owner_tag
 from engine.sampler import Sampler
+from engine.sampling_table import TableCache
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.speculative import NgramDrafter
 from engine.stats import EngineSnapshot, EngineStats, StepTimer
 from engine.step_calibration import measure_step_costs
 from engine.step_target import StepTarget
+from engine.transfers import Download
 from radix_cache.errors import IsolationError
 from radix_cache.page_pool import PagePool
 from radix_cache.prefix_cache import (
@@ -69,8 +74,17 @@ class _Batch:
     seqs: list[ScheduledSeq]  # scheduled, and past the isolation check
     sampled: list[ScheduledSeq]  # of those, the ones that take a token this step
     outputs: list[RequestOutput]  # what the step returns, gathered as it goes
+    chosen: torch.Tensor | None = None  # [num_rows] int64 on the device, one per logits row
+    raw: RawLogprobs | None = None  # the raw logprobs of the rows that asked for them
+    error: str | None = None  # the forward pass failed: the step's requests end with it
     token_ids: list[int] = field(default_factory=list)  # one per logits row of ``sampled``
     row_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # by logits row
+    # In flight (overlapped): its ids on their way to the host, its step's start (perf_counter,
+    # and epoch ns for traces), and once the scheduler has moved past it, each placeholder's row.
+    ids: Download | None = None
+    started: float = 0.0
+    start_ns: int = 0
+    rows: dict[Request, int] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -83,10 +97,13 @@ class LLMEngine:
         backend: AttentionBackend | None = None,
         progress: LoadProgress | None = None,
         decode_graphs: GraphMode | None = None,
+        overlap: bool | None = None,
     ) -> None:
         """``progress`` is told of the KV cache's allocation, the graphs' capture and the timed
         warm-up steps. ``decode_graphs`` None means "capture" on CUDA with
-        ``config.cuda_graphs``, else "off" (``engine/cuda_graphs.py``)."""
+        ``config.cuda_graphs``, else "off" (``engine/cuda_graphs.py``). ``overlap`` None means
+        ``config.overlap_steps`` on CUDA, off elsewhere (``engine/overlap.py``); True forces it
+        on any device."""
         progress = progress or NullProgress()
         self.config = config = config or EngineConfig()
         model_config = loaded.config
@@ -104,6 +121,9 @@ class LLMEngine:
         self.max_model_len = config.resolve_max_model_len(model_config.max_position_embeddings)
         if decode_graphs is None:
             decode_graphs = "capture" if config.cuda_graphs and device.type == "cuda" else "off"
+        if overlap is None:
+            overlap = config.overlap_steps and device.type == "cuda"
+        self.overlap = overlap  # decode steps' results are read after the next step launched
         graph_sizes = config.cuda_graph_sizes or default_sizes(config.max_num_seqs)
         # The graphs are captured over the KV cache, so after it: their memory is estimated
         # and taken from the KV budget first.
@@ -166,6 +186,7 @@ class LLMEngine:
         ttft = config.target_ttft_ms
         self.scheduler.ttft_target_s = None if ttft is None else ttft / 1000
         self.sampler = Sampler()
+        self.sampling_tables = TableCache(device)  # the last batch's sampling settings
         self.structured: StructuredOutput | None = None  # built by the first constrained request
         self.stats = EngineStats()
         self._requests: dict[str, Request] = {}  # live requests only
@@ -175,6 +196,8 @@ class LLMEngine:
         self._held_by: dict[str, str] = {}  # held request id -> the sibling it waits for
         self._num_arrivals = 0
         self._traced = False  # a traced request came: steps are noted from now on
+        self._inflight: _Batch | None = None  # an overlapped step whose ids are not read yet
+        self._results_at = 0.0  # when the last step's results were read (perf_counter)
         log.info(
             "engine_ready",
             model=loaded.name,
@@ -281,7 +304,7 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self._requests) or bool(self._pending)
+        return bool(self._requests) or bool(self._pending) or self._inflight is not None
 
     @property
     def num_unfinished(self) -> int:
@@ -463,13 +486,31 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One step: schedule → run → postprocess, each phase timed into ``self.stats``."""
-        outputs = self._take_pending()
+        """One step: schedule → run → postprocess, each phase timed into ``self.stats``.
+
+        With overlap, a step that may stay in flight (``overlap.deferrable``) is postprocessed
+        by the next call: that one moves the scheduler past it first (placeholders for its
+        tokens), schedules and launches the next step, and only then reads its ids; a call
+        returns the outputs of the step it read."""
         timer = StepTimer(self.stats, wall_clock=self._traced)
+        if self._inflight is not None:
+            self._advance(self._inflight)
+        outputs = self._take_pending()
         batch = self._schedule(outputs, timer)
-        if batch.seqs and self._run(batch, timer):
-            self._postprocess(batch, timer)
-        return batch.outputs
+        if batch.seqs:
+            self._run(batch, timer)
+        if self._settle(outputs):
+            timer.lap("postprocess")
+        if batch.error is not None:
+            for seq in batch.seqs:
+                if self._requests.get(seq.request.request_id) is seq.request:
+                    outputs.append(self._fail(seq.request, batch.error))
+        elif batch.seqs:
+            if self.overlap and deferrable(batch.out, batch.seqs, self.max_model_len):
+                self._defer(batch, timer)
+            else:
+                self._postprocess(batch, timer)
+        return outputs
 
     def _take_pending(self) -> list[RequestOutput]:
         """The outputs owed since the last step (aborts); held siblings join the queue."""
@@ -482,14 +523,23 @@ class LLMEngine:
         out = self.scheduler.schedule()
         timer.lap("schedule")
         self.stats.num_preemptions += len(out.preempted)
+        if any(request.token_in_flight for request in out.finished):
+            self._settle(outputs)  # its last token is delivered before it ends
         for request in out.finished:  # outgrew the whole KV cache
-            outputs.append(self._finish(request, [], request.finish_reason or "length", done=True))
+            if self._requests.get(request.request_id) is request:
+                reason = request.finish_reason or "length"
+                outputs.append(self._finish(request, [], reason, done=True))
         seqs = [seq for seq in out.seqs if self._check_isolation(seq, outputs)]
         return _Batch(out, seqs, [seq for seq in seqs if seq.sample], outputs)
 
-    def _run(self, batch: _Batch, timer: StepTimer) -> bool:
-        """The forward pass and sampling; False when the model failed (its requests errored)."""
+    def _run(self, batch: _Batch, timer: StepTimer) -> None:
+        """The forward pass and the choice of tokens, left on the device; ``batch.error`` when
+        the model failed. Inputs that are the step in flight's tokens come from its ids."""
         inputs = self.runner.prepare(batch.seqs)
+        inflight = self._inflight
+        if inflight is not None and inflight.chosen is not None:
+            positions, sources = pending_inputs(batch.seqs, inflight.rows)
+            fill_inputs(inputs.input_ids, positions, sources, inflight.chosen)
         timer.lap("metadata")
         sampled = batch.sampled
         # Grammar masks are filled on a worker thread while the forward pass runs.
@@ -498,18 +548,58 @@ class LLMEngine:
             logits = self.runner.forward(inputs)
         except Exception as exc:  # one bad step errors its requests, never the engine
             log.error("step_failed", error=repr(exc), num_seqs=len(batch.seqs))
-            for seq in batch.seqs:
-                batch.outputs.append(self._fail(seq.request, f"model step failed: {exc}"))
-            return False
+            batch.error = f"model step failed: {exc}"
+            return
         timer.lap("forward")
         if sampled:
-            batch.token_ids, batch.row_logprobs = self._sample(sampled, logits, mask)
+            batch.chosen, batch.raw = self._choose(sampled, logits, mask)
+
+    def _defer(self, batch: _Batch, timer: StepTimer) -> None:
+        """Leave a launched step in flight: its ids start for the host, unwaited for."""
+        if batch.chosen is None:
+            raise RuntimeError("a deferred step chose no tokens")
+        batch.ids = Download(batch.chosen)
         timer.lap("sample")
+        timer.finish()
+        batch.started, batch.start_ns = timer.started, timer.start_ns
+        self.stats.num_overlapped_steps += 1
+        self._inflight = batch
+
+    def _advance(self, batch: _Batch) -> None:
+        """Move the scheduler past the step in flight as if its ids were known: each of its
+        running requests takes a placeholder token (``_settle`` gives the ids)."""
+        self._count_tokens(batch.out, batch.seqs, {})
+        if self._traced:
+            self._trace_steps(batch.out, batch.seqs, {}, batch.start_ns)
+        self.scheduler.postprocess(batch.out)
+        for row, seq in enumerate(batch.sampled):
+            request = seq.request
+            if request.status is RequestStatus.RUNNING:
+                request.append_placeholder()
+                batch.rows[request] = row
+
+    def _settle(self, outputs: list[RequestOutput]) -> bool:
+        """Read the step in flight's ids (the wait for the device) and append its tokens, as a
+        synchronous step would; requests that ended meanwhile drop theirs. False when none."""
+        batch = self._inflight
+        if batch is None or batch.ids is None:
+            return False
+        self._inflight = None
+        token_ids = batch.ids.wait()
+        for request, row in batch.rows.items():
+            if self._requests.get(request.request_id) is request:
+                outputs.append(self._append_tokens(request, [token_ids[row]], in_flight=True))
+        self._observe(batch.out, batch.started, time.perf_counter())
         return True
 
     def _postprocess(self, batch: _Batch, timer: StepTimer) -> None:
-        """Accept drafts, count and trace, advance the scheduler, append the new tokens."""
+        """Read the tokens, accept drafts, count and trace, advance the scheduler, append the
+        new tokens."""
         out, seqs, sampled = batch.out, batch.seqs, batch.sampled
+        if sampled and batch.chosen is not None:
+            # The step's one copy from the device.
+            batch.token_ids, batch.row_logprobs = gather_logprobs(batch.chosen, batch.raw)
+        timer.lap("sample")
         new_tokens, rejected = self._verify(sampled, batch.token_ids)
         self._count_tokens(out, seqs, rejected)
         if self._traced:
@@ -517,46 +607,48 @@ class LLMEngine:
         self.scheduler.postprocess(out, rejected)
         row = 0
         for seq, tokens in zip(sampled, new_tokens, strict=True):
+            request = seq.request
+            rows = 1 + len(seq.draft)
+            if request.is_finished:  # ended by the step that was in flight: one token too many
+                row += rows
+                continue
             logprobs = None
-            if seq.request.params.logprobs is not None:
+            if request.params.logprobs is not None:
                 logprobs = [batch.row_logprobs[row + j] for j in range(len(tokens))]
-            row += 1 + len(seq.draft)
-            batch.outputs.append(self._append_tokens(seq.request, tokens, logprobs))
-        elapsed = timer.finish()
+            row += rows
+            batch.outputs.append(self._append_tokens(request, tokens, logprobs))
+        timer.finish()
+        self._observe(out, timer.started, timer.last)
+
+    def _observe(self, out: SchedulerOutput, started: float, end: float) -> None:
+        """Tell the step-time target a step's time: from its start, or from when the step
+        before's results were read if later (its preparation overlapped that step), to ``end``,
+        when its own results were."""
+        seconds = end - max(started, self._results_at)
+        self._results_at = end
         target = self.scheduler.target
         if target is not None:
             context = sum(seq.request.num_computed_tokens for seq in out.seqs[: out.num_decodes])
             target.observe(
-                out.num_decodes, out.num_batched_tokens - out.num_decodes, elapsed, context
+                out.num_decodes, out.num_batched_tokens - out.num_decodes, seconds, context
             )
 
-    def _sample(
+    def _choose(
         self,
         sampled: list[ScheduledSeq],
         logits: torch.Tensor,  # [num_rows, vocab_size]
         mask: Future[StepMask] | None = None,
-    ) -> tuple[list[int], dict[int, TokenLogprob]]:
-        """Tokens for every logits row (a drafted decode has a row per draft token too), and the
-        logprobs of the rows whose request asked for them."""
-        params = []
-        generators = []
-        states = []
-        for seq in sampled:
-            request = seq.request
-            rows = 1 + len(seq.draft)
-            params.extend([request.params] * rows)
-            generators.extend([request.generator] * rows)
-            if request.history is not None:  # never drafted (engine/speculative.py)
-                states.append(RowState(request.params, request.history, request.num_output_tokens))
-            else:
-                states.extend([RowState(request.params, None, 0)] * rows)
-        raw = take_raw(logits, [p.logprobs for p in params])
+    ) -> tuple[torch.Tensor, RawLogprobs | None]:  # [num_rows] int64 on the device
+        """The chosen token of every logits row, left on the device, and the raw logprobs of
+        the rows that asked for them; the batch's settings come from its sampling table."""
+        table = self.sampling_tables.table_for(sampled, logits.shape[1])
+        raw = take_raw(logits, table.logprobs) if table.logprobs is not None else None
         if mask is not None and self.structured is not None:  # after the raw logprobs
             logits = logits.float()
             self.structured.apply(logits, mask)
-        logits = process_logits(logits, states)
-        chosen = self.sampler.sample(logits, params, generators)
-        return gather_logprobs(chosen, raw)  # the step's one copy from the device
+        if table.has_history:
+            logits = process_logits(logits, _row_states(sampled))
+        return self.sampler.choose(logits, table), raw
 
     def _check_isolation(self, seq: ScheduledSeq, outputs: list[RequestOutput]) -> bool:
         request = seq.request
@@ -641,10 +733,15 @@ class LLMEngine:
             )
 
     def _append_tokens(
-        self, request: Request, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+        self,
+        request: Request,
+        token_ids: list[int],
+        logprobs: list[TokenLogprob] | None = None,
+        in_flight: bool = False,
     ) -> RequestOutput:
         """Append a step's tokens (more than one when a draft was accepted) until one ends the
-        request; one output carries them all."""
+        request; one output carries them all. ``in_flight``: the one token is the request's
+        placeholder's id (``Request.settle_token``)."""
         detokenizer = request.detokenizer
         if detokenizer is None:
             raise RuntimeError("request without detokenizer")
@@ -655,7 +752,10 @@ class LLMEngine:
             grammar = request.grammar
             if grammar is not None and not grammar.accept(token_id):
                 return self._fail(request, grammar.error or "the output left its grammar")
-            request.append_token(token_id)
+            if in_flight:
+                request.settle_token(token_id)
+            else:
+                request.append_token(token_id)
             appended.append(token_id)
             self.stats.num_generated_tokens += 1
             piece, reason = detokenizer.update(token_id, request.num_output_tokens)
@@ -761,3 +861,15 @@ class LLMEngine:
             waiting_lora_adapters=tuple(adapters[RequestStatus.WAITING]),
             taken_at=time.time(),
         )
+
+
+def _row_states(sampled: list[ScheduledSeq]) -> list[RowState]:
+    """Each logits row's request settings, history and output so far, for logit processing."""
+    states = []
+    for seq in sampled:
+        request = seq.request
+        if request.history is not None:  # never drafted (engine/speculative.py)
+            states.append(RowState(request.params, request.history, request.num_output_tokens))
+        else:
+            states.extend([RowState(request.params, None, 0)] * (1 + len(seq.draft)))
+    return states

@@ -15,6 +15,7 @@ from engine.lora.manager import LoraManager
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledSeq
+from engine.transfers import upload
 
 
 class StepInputs(NamedTuple):
@@ -104,11 +105,11 @@ class ModelRunner:
         lora = None
         if self.lora is not None and any(slot >= 0 for slot in row_slots):
             lora = self.lora.step(row_slots, logits_indices)
-        return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
+        return StepInputs(  # uploads that never wait for the device (engine/transfers.py)
+            input_ids=upload(input_ids, torch.long, device),
+            positions=upload(positions, torch.long, device),
             meta=build_attention_metadata(slices, self.page_size, device),
-            logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
+            logits_indices=upload(logits_indices, torch.long, device),
             lora=lora,
         )
 

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from engine.structured.state import GrammarState
 
 
+# The value an overlapped step's token holds until its id is read back (engine/overlap.py): a
+# valid id, though every input that reads it is replaced from the device first.
+PLACEHOLDER_TOKEN = 0
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued in the admission policy (new or preempted)
     RUNNING = "running"  # holds pages and is scheduled every step
@@ -75,6 +80,8 @@ class Request:
     lora: LoraAdapter | None = None  # its adapter (engine/lora/), if any
     lora_slot: int = -1  # the resident slot its adapter holds while it runs; -1: none
     steps: list[StepTrace] | None = None  # traced steps not yet reported; None: not traced
+    # Its last token is a placeholder: an overlapped step chose it, its id is still on the device.
+    token_in_flight: bool = False
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -110,6 +117,23 @@ class Request:
         self.all_token_ids.append(token_id)
         if self.history is not None:
             self.history.append(token_id)
+
+    def append_placeholder(self) -> None:
+        """Take the token an overlapped step chose before its id is known (``settle_token``
+        gives it its id): the next step can be scheduled as if it were there."""
+        if self.history is not None:
+            raise ValueError("a request with logit processing needs its tokens' ids at once")
+        self.output_token_ids.append(PLACEHOLDER_TOKEN)
+        self.all_token_ids.append(PLACEHOLDER_TOKEN)
+        self.token_in_flight = True
+
+    def settle_token(self, token_id: int) -> None:
+        """The placeholder's id, read back."""
+        if not self.token_in_flight:
+            raise ValueError("no token in flight")
+        self.output_token_ids[-1] = token_id
+        self.all_token_ids[-1] = token_id
+        self.token_in_flight = False
 
 
 def owner_tag(request_id: str) -> str:

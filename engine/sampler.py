@@ -5,9 +5,11 @@ Rows are filtered together; randomness comes from an exponential race (``argmax(
 samples the same tokens whatever else shares the batch.
 
 Everything runs on the logits' device: unseeded rows draw from a generator kept per device (PyTorch
-refuses a CPU generator for a CUDA tensor), every index and parameter tensor is made there, and
-``sample`` returns the chosen ids as a device tensor, so the engine copies a step's results to
-the host once. Only on the CPU does a step look at a value before the end (``_sample_rows``).
+refuses a CPU generator for a CUDA tensor), the rows' settings come as a ``SamplingTable`` of
+tensors made there (``engine/sampling_table.py``, kept by the engine while a batch's rows stay
+the same), and ``choose`` returns the chosen ids as a device tensor, so the engine copies a
+step's results to the host once. Only on the CPU does a step look at a value before the end
+(``_sample_rows``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import NamedTuple
 
 import torch
 
-from engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
+from engine.sampling_params import SamplingParams
+from engine.sampling_table import RandomRows, SamplingTable
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny
@@ -74,72 +77,61 @@ class Sampler:
         generators: Sequence[torch.Generator | None],
     ) -> torch.Tensor:  # [num_seqs] int64, on the logits' device
         """The chosen token of every row, left on the device."""
-        num_seqs = logits.shape[0]
-        if len(params) != num_seqs or len(generators) != num_seqs:
+        if len(params) != logits.shape[0]:
             raise ValueError("one SamplingParams and one generator slot per logits row")
+        table = SamplingTable.of(params, generators, logits.shape[1], logits.device)
+        return self.choose(logits, table)
+
+    def choose(
+        self,
+        logits: torch.Tensor,  # [num_rows, vocab_size]
+        table: SamplingTable,
+    ) -> torch.Tensor:  # [num_rows] int64, on the logits' device
+        """The chosen token of every row by the settings of ``table`` (made for these rows on
+        the logits' device), left on the device."""
+        num_rows = logits.shape[0]
+        if table.num_rows != num_rows or table.vocab_size != logits.shape[1]:
+            raise ValueError(f"a table of {table.num_rows} rows for {num_rows} logits rows")
         logits = logits.float()
-        greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
-        random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-        if not random_rows:  # the common all-greedy step: one argmax over the batch
+        random = table.random
+        if random is None:  # the common all-greedy step: one argmax over the batch
             # max's indices are argmax's (the first of equal maxima; NaN counts as the max)
             # at half the cost on CPU, where argmax runs a slower reduction.
             return logits.max(dim=-1).indices
-        return self._choose(logits, params, generators, greedy_rows, random_rows)
-
-    def _choose(
-        self,
-        logits: torch.Tensor,  # [num_seqs, vocab_size] float32
-        params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
-        greedy_rows: list[int],
-        random_rows: list[int],
-    ) -> torch.Tensor:  # [num_seqs] int64
-        if not greedy_rows:  # every row sampled: no gather, no scatter
-            return self._sample_rows(logits, params, generators)
-        token_ids = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        rows = torch.tensor(greedy_rows, device=logits.device)
-        token_ids[rows] = logits[rows].argmax(dim=-1)
-        if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
-            chosen = self._sample_rows(
-                logits[rows], [params[i] for i in random_rows], [generators[i] for i in random_rows]
-            )
-            token_ids[rows] = chosen
+        greedy_rows, random_rows = table.greedy_rows, table.random_rows
+        if greedy_rows is None or random_rows is None:  # every row sampled: no gather, no scatter
+            return self._sample_rows(logits, random)
+        token_ids = torch.empty(num_rows, dtype=torch.long, device=logits.device)
+        token_ids[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
+        token_ids[random_rows] = self._sample_rows(logits[random_rows], random)
         return token_ids
 
     def _sample_rows(
         self,
         logits: torch.Tensor,  # [num_rows, vocab_size]
-        params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
+        rows: RandomRows,
     ) -> torch.Tensor:  # [num_rows] int64
         device = logits.device
-        temperatures = [max(p.temperature, GREEDY_TEMPERATURE) for p in params]
         # A NaN logit is never chosen and +inf is the largest finite value; shifted so that each
         # row's best is 0 before the temperature divides it, nothing overflows to +inf.
         clean = torch.nan_to_num(logits, nan=float("-inf"), posinf=_FLOAT32_MAX)
         shifted = clean - clean.max(dim=-1, keepdim=True).values
-        scaled = shifted / torch.tensor(temperatures, dtype=torch.float32, device=device)[:, None]
-        probs = torch.softmax(filter_logits(scaled, params), dim=-1)
-        min_ps = [p.min_p for p in params]
-        if any(m > 0.0 for m in min_ps):
-            min_p = torch.tensor(min_ps, device=device)
-            threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+        scaled = shifted / rows.temperatures
+        probs = torch.softmax(_filter(scaled, rows.top_k, rows.top_p), dim=-1)
+        if rows.min_p is not None:
+            threshold = probs.max(dim=-1, keepdim=True).values * rows.min_p
             probs = probs.masked_fill(probs < threshold, 0.0)
         # A row with no finite logit at all has no distribution (its probabilities are all NaN;
         # any other row's are all finite): it takes its argmax instead.
         broken = probs[:, 0].isnan()
         noise = torch.empty_like(probs)
-        shared = [i for i, g in enumerate(generators) if g is None]
-        if len(shared) == len(generators):
+        if not rows.seeded:
             noise = _exponential(noise, self.generator_for(device))
-        elif shared:
-            block = torch.empty(len(shared), probs.shape[1], device=device)
-            rows = torch.tensor(shared, dtype=torch.long, device=device)
-            noise[rows] = _exponential(block, self.generator_for(device))
-        for i, generator in enumerate(generators):
-            if generator is not None:
-                _exponential(noise[i], generator)
+        elif rows.shared_rows is not None:
+            block = torch.empty(rows.num_shared, probs.shape[1], device=device)
+            noise[rows.shared_rows] = _exponential(block, self.generator_for(device))
+        for i, generator in rows.seeded:
+            _exponential(noise[i], generator)
         # The noise is positive, so a filtered-out token (probability 0) scores 0 and never wins.
         chosen = (probs / noise).argmax(dim=-1)
         # On the CPU the check is cheaper than an argmax of every row; elsewhere reading it would
@@ -161,24 +153,29 @@ def filter_logits(
     params: Sequence[SamplingParams],
 ) -> torch.Tensor:  # same shape, filtered-out tokens at -inf
     """Apply top-k, then top-p over what top-k kept; rows without filters pass unchanged."""
-    vocab_size = logits.shape[1]
-    top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-    top_ps = [p.top_p for p in params]
-    need_k = any(k < vocab_size for k in top_ks)
-    need_p = any(p < 1.0 for p in top_ps)
-    if not (need_k or need_p):
+    rows = RandomRows.of(params, [None] * len(params), logits.shape[1], logits.device)
+    return _filter(logits, rows.top_k, rows.top_p)
+
+
+def _filter(
+    logits: torch.Tensor,  # [num_rows, vocab_size], temperature already applied
+    top_k: torch.Tensor | None,  # [num_rows, 1] int64
+    top_p: torch.Tensor | None,  # [num_rows, 1] float32
+) -> torch.Tensor:  # same shape, filtered-out tokens at -inf
+    if top_k is None and top_p is None:
         return logits
+    vocab_size = logits.shape[1]
     device = logits.device
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True, stable=True)
     ranks = torch.arange(vocab_size, device=device)[None, :]
     mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
-    if need_k:
-        mask |= ranks >= torch.tensor(top_ks, device=device)[:, None]
-    if need_p:
+    if top_k is not None:
+        mask |= ranks >= top_k
+    if top_p is not None:
         probs = torch.softmax(sorted_logits.masked_fill(mask, float("-inf")), dim=-1)
         # Keep a token while the mass before it is below top_p: the first one always stays.
         mass_before = probs.cumsum(dim=-1) - probs
-        mask |= mass_before >= torch.tensor(top_ps, device=device)[:, None]
+        mask |= mass_before >= top_p
     mask[:, 0] = False  # the best token always stays (a top_p below float32's range is 0 here)
     sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, sorted_ids, sorted_logits)

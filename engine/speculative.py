@@ -47,6 +47,8 @@ class NgramDrafter:
         params = request.params
         if limit <= 0 or not params.is_greedy or params.processes_logits:
             return []
+        if request.token_in_flight:  # its last token is still on the device (engine/overlap.py)
+            return []
         state = request.draft_state
         if state is None:
             state = request.draft_state = DraftState()

@@ -28,6 +28,7 @@ class EngineStats:
     num_preemptions: int = 0
     num_finished: int = 0
     num_aborted: int = 0
+    num_overlapped_steps: int = 0  # steps whose ids were read after the next one launched
 
     def copy(self) -> EngineStats:
         return replace(self)

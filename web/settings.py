@@ -88,6 +88,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # 1, 2, 4, 8, then every 8 up to max_num_seqs). Neither applies on a CPU.
     cuda_graphs: str = "on"
     cuda_graph_sizes: str | None = None
+    # CUDA only: the host schedules and prepares the next step while the GPU runs a decode step,
+    # reading that step's tokens only then ("on"), or waits for each step's tokens ("off").
+    overlap_steps: str = "on"
     # The longest a step may take, so each running request's time per output token: "auto"
     # (derived from step costs measured at start), a number of milliseconds, or "off".
     target_tpot_ms: str = "auto"
@@ -198,6 +201,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         self.engine_target_tpot_ms  # noqa: B018 (validates)
         self.engine_target_ttft_ms  # noqa: B018 (validates)
         self.engine_cuda_graphs  # noqa: B018 (validates)
+        self.engine_overlap_steps  # noqa: B018 (validates)
         sizes = self.engine_cuda_graph_sizes
         if sizes is not None and (min(sizes) <= 0 or max(sizes) > self.max_num_seqs):
             raise SettingsError("cuda_graph_sizes must be batch sizes from 1 to max_num_seqs")
@@ -327,6 +331,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         value = self.cuda_graphs.strip().lower()
         if value not in ("on", "off"):
             raise SettingsError('cuda_graphs must be "on" or "off"')
+        return value == "on"
+
+    @property
+    def engine_overlap_steps(self) -> bool:
+        """``overlap_steps`` as the engine takes it."""
+        value = self.overlap_steps.strip().lower()
+        if value not in ("on", "off"):
+            raise SettingsError('overlap_steps must be "on" or "off"')
         return value == "on"
 
     @property

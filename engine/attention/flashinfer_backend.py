@@ -289,6 +289,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._fixed: dict[int, PagedWrapper] = {}  # graph decode wrappers, by batch size
         self._fixed_indices = torch.empty(0, dtype=torch.int32, device=self.device)
         self._fixed_rows = torch.empty(2, 0, dtype=torch.long, device=self.device)
+        self._planned: torch.cuda.Event | None = None  # recorded behind the last plan's copies
 
     @property
     def fixed_sizes(self) -> tuple[int, ...]:
@@ -337,11 +338,13 @@ class FlashInferAttentionBackend(AttentionBackend):
                 f"{args.kv_indices.shape[0]} pages exceed the fixed page table's "
                 f"{self._fixed_indices.shape[0]}"
             )
+        self._await_last_plan()
         wrapper.plan(
             args.kv_indptr, args.kv_indices, args.kv_last_page_len, self.num_q_heads,
             self.num_kv_heads, self.head_dim, self.page_size,
             q_data_type=self.dtype, kv_data_type=self.dtype,
         )  # fmt: skip
+        self._mark_planned()
         slots = meta.slot_mapping.to(self.device)
         k_rows, v_rows = (
             self._fixed_rows[0, : args.num_tokens],
@@ -352,6 +355,22 @@ class FlashInferAttentionBackend(AttentionBackend):
         k_rows.mul_(self.page_size).add_(slots)
         torch.add(k_rows, self.page_size, out=v_rows)
         self._step = _Step(args, wrapper, k_rows, v_rows)
+
+    def _await_last_plan(self) -> None:
+        """A FlashInfer plan writes its schedule into its wrapper's pinned host buffer and copies
+        it to the device without blocking; the next plan must not overwrite the buffer before
+        that copy ran. With overlapped steps (``engine/overlap.py``) the host plans a step while
+        the one before may not have started: wait until the device is past the last plan's
+        copies, which it reaches as soon as the step before that one ends (already waited for),
+        so at once in practice."""
+        if self._planned is not None:
+            self._planned.synchronize()  # type: ignore[no-untyped-call]
+            self._planned = None
+
+    def _mark_planned(self) -> None:
+        if self.device.type == "cuda":
+            self._planned = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._planned.record()
 
     def plan(self, meta: AttentionMetadata) -> None:
         # A plan that fails half-way must not leave the previous step's plan runnable: forward
@@ -364,6 +383,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         )
         heads = (self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size)
         wrapper: PagedWrapper
+        self._await_last_plan()
         if args.is_decode_only and self._decode is not None:
             wrapper = self._decode
             wrapper.plan(
@@ -377,6 +397,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 num_qo_heads=heads[0], num_kv_heads=heads[1], head_dim_qk=heads[2],
                 page_size=heads[3], causal=True, q_data_type=self.dtype, kv_data_type=self.dtype,
             )  # fmt: skip
+        self._mark_planned()
         slots = meta.slot_mapping.to(self.device)
         # Flat row of slot s's K in kv_cache.view(-1, Hkv, D): page p owns rows [2pP, 2pP + 2P).
         k_rows = (slots // self.page_size) * (2 * self.page_size) + slots % self.page_size

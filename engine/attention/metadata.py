@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from engine.transfers import upload
+
 
 class SeqSlice(NamedTuple):
     """One sequence's share of a step."""
@@ -80,12 +82,13 @@ def build_attention_metadata(
     bounds = None
     if torch.device(device).type != "cpu" and slots:
         bounds = (min(kv_indices), max(kv_indices), min(slots), max(slots))
+    on = torch.device(device)  # uploads that never wait for the device (engine/transfers.py)
     return AttentionMetadata(
-        qo_indptr=torch.tensor(qo_indptr, dtype=torch.int32, device=device),
-        kv_indptr=torch.tensor(kv_indptr, dtype=torch.int32, device=device),
-        kv_indices=torch.tensor(kv_indices, dtype=torch.int32, device=device),
-        kv_last_page_len=torch.tensor(last_page_len, dtype=torch.int32, device=device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        qo_indptr=upload(qo_indptr, torch.int32, on),
+        kv_indptr=upload(kv_indptr, torch.int32, on),
+        kv_indices=upload(kv_indices, torch.int32, on),
+        kv_last_page_len=upload(last_page_len, torch.int32, on),
+        slot_mapping=upload(slots, torch.int64, on),
         page_size=page_size,
         qo_lens=qo_lens,
         kv_lens=kv_lens,

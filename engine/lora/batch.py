@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from engine.lora.slots import GROUPS, RANK_ORDER, LoraWeights
+from engine.transfers import upload
 
 # Rows times slots in use up to which a step takes the dense products: every row meets every
 # slot's A and B (zeros where it is not its own). On a 2-core Xeon (AMX; a bfloat16 model, the
@@ -67,7 +68,7 @@ class LoraRows(NamedTuple):
             for slot, rows in by_slot.items():
                 for row in rows:
                     flat[row * num_slots + slot] = 1.0
-            onehot = torch.tensor(flat, dtype=dtype, device=device).view(len(row_slots), -1)
+            onehot = upload(flat, dtype, device).view(len(row_slots), -1)
             empty = torch.empty(0, dtype=torch.long, device=device)
             return cls(empty, empty, empty, empty, 0, used, onehot)
         num_rows = sum(len(rows) for rows in by_slot.values())
@@ -88,7 +89,7 @@ class LoraRows(NamedTuple):
                 block_slots.append(slot)
 
         def tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
+            return upload(values, torch.long, device)
 
         in_place = block_slots == list(range(len(block_slots)))
         order = None

@@ -27,6 +27,9 @@ WATCHED = [
     for name in (
         "llm_engine.py",
         "sampler.py",
+        "sampling_table.py",
+        "transfers.py",
+        "overlap.py",
         "logprobs.py",
         "logits_processing.py",
         "model_runner.py",

@@ -229,6 +229,14 @@ def register(subparsers: Any) -> None:
         "then every 8 up to max_num_seqs)",
     )
     parser.add_argument(
+        "--overlap-steps",
+        dest="overlap_steps",
+        default=None,
+        choices=["on", "off"],
+        help="CUDA only: schedule and prepare the next step while the GPU runs a decode step "
+        "(default on); not applicable with --device cpu",
+    )
+    parser.add_argument(
         "--kv-cache-bytes",
         dest="kv_cache_bytes",
         type=int,

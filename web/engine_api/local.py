@@ -46,6 +46,7 @@ async def load_runtime(settings: Settings) -> tuple[ModelRuntime, Any, Closer]:
         prefill_kernel=settings.prefill_kernel,
         cuda_graphs=settings.engine_cuda_graphs,
         cuda_graph_sizes=settings.engine_cuda_graph_sizes,
+        overlap_steps=settings.engine_overlap_steps,
         dtype=settings.resolved_dtype,
         device=settings.resolved_device,
     )

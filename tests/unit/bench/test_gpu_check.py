@@ -33,6 +33,7 @@ def test_the_summary_gathers_every_stage(tmp_path: Path) -> None:
         {"batch": b, "tok_per_s": 10.0 * b, "step_ms": 5.0, "bandwidth_util": 0.5} for b in (1, 32)
     ]
     decode[1]["graph_step_ms"] = 1.234
+    decode[1]["overlap_step_ms"] = 1.016
     bench = {"device_name": "H200", "prefill": {"tok_per_s": 9e4, "mfu": 0.41}, "decode": decode}
     (tmp_path / "gpu_bench_flashinfer.json").write_text(json.dumps(bench))
     (tmp_path / "serve.json").write_text(
@@ -63,6 +64,7 @@ def test_the_summary_gathers_every_stage(tmp_path: Path) -> None:
     assert summary["bench"]["flashinfer"]["decode"]["32"]["tok_per_s"] == 320
     assert summary["bench"]["flashinfer"]["decode"]["32"]["graph_step_ms"] == 1.23
     assert summary["bench"]["flashinfer"]["decode"]["1"]["graph_step_ms"] is None
+    assert summary["bench"]["flashinfer"]["decode"]["32"]["overlap_step_ms"] == 1.02
     assert summary["bench"]["torch"] is None
 
 

@@ -170,3 +170,5 @@ def test_gpu_bench_smoke_reports_the_backend_it_ran(capsys: pytest.CaptureFixtur
     for row in report["decode"]:
         assert row["tok_per_s"] > 0 and 0 < row["bandwidth_util"] < 1
         assert row["bytes_per_step"] > report["model"]["weight_bytes"]  # weights plus KV reads
+        # The graph step fed the ids of the step before: read back first, or overlapped.
+        assert row["graph_read_step_ms"] > 0 and row["overlap_step_ms"] > 0

@@ -49,3 +49,33 @@ def test_a_step_makes_every_tensor_on_the_engine_device(tiny: LoadedModel, tmp_p
     reads = dict(run.audit.host_reads)
     assert 0 < reads.pop(("engine/logprobs.py", "gather")) <= run.num_steps
     assert set(reads) <= {("engine/sampler.py", "_sample_rows")}
+
+
+def test_overlapped_steps_make_every_tensor_on_the_device_and_read_once(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    """Forced on the CPU: greedy, unseeded, seeded and LoRA decodes stay in flight (the other
+    paths never do), their ids read back once a step (``engine/transfers.py``)."""
+    adapter = write_adapter(tmp_path / "adapter", TINY_CONFIG, seed=3, rank=4)
+    config = EngineConfig(
+        num_pages=64, max_num_batched_tokens=256, max_num_seqs=16, max_loras=1,
+        max_lora_rank=4, speculative_tokens=0, dtype="float32",
+    )  # fmt: skip
+    requests = [
+        r
+        for r in every_path_requests(adapter)
+        if r.request_id in ("greedy", "unseeded", "seeded", "lora")
+    ]
+    run = run_audited(
+        lambda: LLMEngine(tiny, config, prefix_cache_factory=RadixPrefixCache, overlap=True),
+        requests,
+    )
+    assert run.engine.stats.num_overlapped_steps > 0
+    assert all(outs[-1].error is None and outs[-1].finished for outs in run.outputs.values())
+    assert run.audit.no_device == []
+    assert run.generators_made == []
+    reads = dict(run.audit.host_reads)
+    waits = reads.pop(("engine/transfers.py", "wait"))
+    assert waits == run.engine.stats.num_overlapped_steps
+    assert 0 < waits + reads.pop(("engine/logprobs.py", "gather")) <= run.num_steps
+    assert set(reads) <= {("engine/sampler.py", "_sample_rows")}

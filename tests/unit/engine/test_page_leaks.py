@@ -1,4 +1,5 @@
-"""After many finished, aborted and preempted requests on a tiny KV pool, every page is back."""
+"""After many finished, aborted and preempted requests on a tiny KV pool, every page is back,
+with steps read at once and with overlapped decode steps (engine/overlap.py, forced on)."""
 
 from __future__ import annotations
 
@@ -18,17 +19,18 @@ from radix_cache.page_pool import PagePool
 from radix_cache.prefix_cache import PrefixCache
 from radix_cache.radix_prefix_cache import RadixPrefixCache
 
-NUM_REQUESTS = 500  # per cache kind: 1,000 in all
+NUM_REQUESTS = 500  # per cache kind and step mode: 2,000 in all
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("factory", [None, RadixPrefixCache], ids=["no_cache", "radix"])
 def test_mixed_requests_leave_no_page_behind(
-    tiny_llama_dir: Path, factory: Callable[[PagePool, int], PrefixCache] | None
+    tiny_llama_dir: Path, factory: Callable[[PagePool, int], PrefixCache] | None, overlap: bool
 ) -> None:
     loaded = load_model(str(tiny_llama_dir), dtype=torch.float32)
     config = EngineConfig(page_size=4, num_pages=24, max_num_batched_tokens=48, max_num_seqs=16)
-    engine = LLMEngine(loaded, config, prefix_cache_factory=factory)
+    engine = LLMEngine(loaded, config, prefix_cache_factory=factory, overlap=overlap)
     rng = random.Random(0)
     shared = [rng.randrange(256) for _ in range(12)]
     finished: dict[str, str] = {}
@@ -61,6 +63,7 @@ def test_mixed_requests_leave_no_page_behind(
     reasons = set(finished.values())
     assert {"length", "abort"} <= reasons
     assert engine.stats.num_preemptions > 0, "the pool was meant to force preemption"
+    assert (engine.stats.num_overlapped_steps > 0) == overlap
     pool = engine.cache.pool
     pool.check_integrity()
     engine.cache.check_integrity()

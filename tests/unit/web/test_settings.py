@@ -233,3 +233,17 @@ def test_cuda_graphs_are_on_by_default_and_reach_the_engine_config() -> None:
         Settings.load(environ={"ATRIUM_CUDA_GRAPH_SIZES": "128", "ATRIUM_MAX_NUM_SEQS": "64"})
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--cuda-graphs", "yes"])
+
+
+def test_overlapped_steps_are_on_by_default_and_reach_the_engine_config() -> None:
+    assert Settings.load(environ={}).engine_overlap_steps is True
+    assert Settings.load(environ={"ATRIUM_OVERLAP_STEPS": "off"}).engine_overlap_steps is False
+    args = build_parser().parse_args(["serve", "--overlap-steps", "off"])
+    assert (
+        Settings.load({"overlap_steps": args.overlap_steps}, environ={}).engine_overlap_steps
+        is False
+    )
+    with pytest.raises(SettingsError, match="overlap_steps"):
+        Settings.load(environ={"ATRIUM_OVERLAP_STEPS": "maybe"})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--overlap-steps", "yes"])
