@@ -34,6 +34,10 @@ from engine.step_target import StepTarget
 # The most a first token overdue stretches the step-time target (then slots and the token
 # budget bound the step).
 MAX_STRETCH = 64.0
+# The most the target stretches for first tokens not yet late. Beyond it a burst's deadlines
+# would lengthen the steps that everyone's prompts, a light tenant's beside a flood included,
+# wait in (their first token comes when the step ends).
+PLAN_STRETCH = 4.0
 
 
 class StepBudget:
@@ -77,8 +81,8 @@ class StepBudget:
         one target for all), after the work of those that have waited more than twice the
         target, which goes first whatever the plan. The k-th planned first token needs the
         prompt tokens left of the k before it computed by its deadline
-        (``StepTarget.stretch_to_prefill``). Where a deadline cannot be met even by the longest
-        step (``MAX_STRETCH``), the longest prompt planned so far leaves the plan (Moore and
+        (``StepTarget.stretch_to_prefill``). Where a deadline cannot be met by steps stretched
+        up to ``PLAN_STRETCH``, the longest prompt planned so far leaves the plan (Moore and
         Hodgson's rule: the fewest deadlines missed that one machine can reach). A request out
         of the plan, or past its deadline by less than the target, is ``first_token_late``: its
         chunks go after the planned prompts of its class (``AdmissionPolicy.prefill_key``). So
@@ -113,7 +117,9 @@ class StepBudget:
             heapq.heappush(longest, (-left, -len(planned)))
             planned.append((seconds, left, request))
             num_tokens += left
-            while target.stretch_to_prefill(first + num_tokens, seconds, num_decodes) > MAX_STRETCH:
+            while (
+                target.stretch_to_prefill(first + num_tokens, seconds, num_decodes) > PLAN_STRETCH
+            ):
                 tokens, index = heapq.heappop(longest)
                 index = -index
                 num_tokens += tokens
