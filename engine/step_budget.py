@@ -111,8 +111,8 @@ class StepBudget:
             if seconds < -ttft:
                 first += left
                 continue
-            request.first_token_late = True
             if seconds <= target.target_s:  # due within a step: past planning for
+                request.first_token_late = True
                 continue
             heapq.heappush(longest, (-left, -len(planned)))
             planned.append((seconds, left, request))
@@ -124,13 +124,13 @@ class StepBudget:
                 index = -index
                 num_tokens += tokens
                 due, _, dropped = planned[index]
-                planned[index] = (due, 0, dropped)  # out of the plan: late
+                planned[index] = (due, 0, dropped)
+                dropped.first_token_late = True  # out of the plan
                 if index == len(planned) - 1:
                     break
         num_tokens = first
-        for seconds, left, request in planned:
+        for seconds, left, _ in planned:
             if left:
-                request.first_token_late = False
                 num_tokens += left
                 stretch = max(stretch, target.stretch_to_prefill(num_tokens, seconds, num_decodes))
         return min(stretch, MAX_STRETCH)
