@@ -77,7 +77,7 @@ def tokens_in(records: Sequence[RequestRecord], start: float, end: float) -> dic
     return out
 
 
-def weighted_shares(tokens: Mapping[str, int], weights: Mapping[str, float]) -> dict[str, float]:
+def weighted_shares(tokens: Mapping[str, float], weights: Mapping[str, float]) -> dict[str, float]:
     """Each tenant's share of the tokens over its weighted share (1.0: exactly its weight)."""
     total = sum(tokens.get(t, 0) for t in weights)
     weight_sum = sum(weights.values())

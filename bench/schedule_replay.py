@@ -27,7 +27,7 @@ import argparse
 import heapq
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -113,16 +113,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def replay(
-    plan: RatePlan,
-    tokenizer: Tokenizer,
-    machine: Machine,
-    calibration: StepCosts,
-    ttft_target_s: float,
-    seed: int,
-) -> list[RequestRecord]:
-    """Every request of ``plan`` served to its end on the virtual clock, as the client sees it."""
-    now = 0.0
+def build_scheduler(
+    calibration: StepCosts, ttft_target_s: float, clock: Callable[[], float]
+) -> tuple[Scheduler, StepTarget]:
+    """The scheduler ``atrium serve`` builds (fair share, radix cache, the default slots and
+    budget, a step target derived from ``calibration``) on the clock ``clock``."""
     cache = RadixPrefixCache(PagePool(NUM_PAGES), 16)
     policy = FairSharePolicy()
 
@@ -140,8 +135,22 @@ def replay(
         config.max_num_seqs,
         target=target,
         ttft_target_s=ttft_target_s,
-        clock=lambda: now,
+        clock=clock,
     )
+    return scheduler, target
+
+
+def replay(
+    plan: RatePlan,
+    tokenizer: Tokenizer,
+    machine: Machine,
+    calibration: StepCosts,
+    ttft_target_s: float,
+    seed: int,
+) -> list[RequestRecord]:
+    """Every request of ``plan`` served to its end on the virtual clock, as the client sees it."""
+    now = 0.0
+    scheduler, target = build_scheduler(calibration, ttft_target_s, lambda: now)
     lengths = random.Random(seed)
     arrivals = [(at, i, 0) for i, at in enumerate(plan.offsets)]  # (time, conversation, turn)
     heapq.heapify(arrivals)
@@ -173,7 +182,7 @@ def replay(
             now = arrivals[0][0]
             continue
         out = scheduler.schedule()
-        now += _run(out, machine, target)
+        now += run_step(out, machine, target)
         scheduler.postprocess(out)
         for seq in out.seqs:
             request = seq.request
@@ -197,7 +206,7 @@ def replay(
     return records
 
 
-def _run(out: SchedulerOutput, machine: Machine, target: StepTarget) -> float:
+def run_step(out: SchedulerOutput, machine: Machine, target: StepTarget) -> float:
     """The modelled step's seconds, told to the step target as a measured step's would be."""
     decodes = out.seqs[: out.num_decodes]
     contexts = [seq.request.num_computed_tokens for seq in decodes]
