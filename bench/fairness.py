@@ -27,14 +27,13 @@ from typing import Any
 import torch
 
 from bench.common import DEFAULT_OUT_DIR, emit, quiet_logging
-from bench.fairness_runs import Load, flood_run, weighted_run
+from bench.fairness_runs import ORDERS, WEIGHTS, Load, flood_run, weighted_run
 from bench.loadgen import RequestSpec, Target, run_closed_loop
 from bench.plots import bar_compare
 from bench.servers import atrium_cli, atrium_env, export_model, start_atrium, stop, wait_ready
 from bench.text_workloads import word_vocab
 from engine.device import dtype_name, resolve_dtype
 
-WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
 LIGHT = ("light1", "light2", "light3")
 FLOODER = "flooder"
 
@@ -127,8 +126,7 @@ def run_weights(args: argparse.Namespace, load: Load) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="atrium-fair-") as tmp:
             server = Server(args, Path(tmp), settings)
             try:
-                orders = {"w1": ["w1", "w2", "w4"], "w4": ["w4", "w2", "w1"]}
-                for order in (orders[first] for first in args.orders):
+                for order in (ORDERS[first] for first in args.orders):
                     run = weighted_run(
                         server.target,
                         load,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit, quiet_logging
-from bench.fairness_runs import weighted_shares
+from bench.fairness_runs import ORDERS, WEIGHTS, weighted_shares
 from bench.schedule_replay import (
     CALIBRATION,
     MACHINE,
@@ -47,9 +47,6 @@ from engine.request import Request, owner_tag
 from engine.sampling_params import SamplingParams
 from engine.step_target import StepCosts
 from radix_cache.prefix_cache import tenant_namespace
-
-WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
-ORDERS = {"w1": ("w1", "w2", "w4"), "w4": ("w4", "w2", "w1")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -144,7 +141,8 @@ def weighted_replay(
             if not seq.sample or request.is_finished:
                 continue
             request.append_token(ids.randrange(1000, 40000))
-            tokens[request.tenant_id] += counted
+            if counted:
+                tokens[request.tenant_id] += 1
             if request.num_output_tokens >= output_len:
                 scheduler.finish(request, "length")
                 send(request.tenant_id)

@@ -31,6 +31,9 @@ class Load:
 
 
 QUIET_S = 3.0  # seconds between a flood round's runs
+# The weights runs' tenants, and their arrival orders by the first to come.
+WEIGHTS = {"w1": 1.0, "w2": 2.0, "w4": 4.0}
+ORDERS = {"w1": ("w1", "w2", "w4"), "w4": ("w4", "w2", "w1")}
 
 
 def _specs(load: Load, tenant: str, count: int, seed: int) -> list[RequestSpec]:
